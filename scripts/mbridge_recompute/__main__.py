@@ -1,0 +1,3 @@
+from mbridge_recompute.cli import main
+
+main()

@@ -1,0 +1,1 @@
+"""Argument glue for each subcommand: parse options, call the logic, render."""

@@ -1,0 +1,374 @@
+"""Inputs -> Workload: the only place where input is parsed and validated.
+
+Sources, applied in this order (later wins): a catalog model (`--model`), a
+Hugging Face `config.json` (`--hf-config`), a workload YAML (our schema or a
+Bridge config dump), then `--set key=value` overrides in Hydra syntax.
+
+Every problem raises `InputError(field, reason)`: exit 2, one line, the field
+named as the user wrote it. Nothing here imports torch or megatron.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import json
+from functools import lru_cache
+from pathlib import Path
+from typing import Any, Iterable
+
+from mbridge_recompute import labels
+from mbridge_recompute.errors import InputError
+from mbridge_recompute.workload import (CLUSTER_KEYS, COMM_OVERLAP_KEYS, DDP_KEYS, FIELD_NAMES,
+                                        TRAIN_KEYS, Workload)
+
+DATA = Path(__file__).resolve().parent / "data"
+
+# Sections of a Bridge ConfigContainer dump that the tools do not read; their keys
+# are not checked (they cannot be, without Bridge importable).
+IGNORED_SECTIONS = frozenset({
+    "optimizer", "scheduler", "dataset", "logger", "tokenizer", "checkpoint", "dist", "rng",
+    "profiling", "ft", "straggler", "nvrx_straggler", "rerun_state_machine", "peft",
+    "inprocess_restart", "mixed_precision", "tensor_inspect", "mixed_precision_config",
+    "train_config", "energy_monitor", "dataset_config", "validation", "inference",
+})
+# Keys a Bridge model provider dumps that are not TransformerConfig fields.
+BRIDGE_MODEL_KEYS = frozenset({
+    "_target_", "seq_length", "vocab_size", "make_vocab_size_divisible_by",
+    "share_embeddings_and_output_weights", "position_embedding_type", "rotary_base",
+    "rotary_percent", "rope_scaling", "rope_scaling_factor", "seq_len_interpolation_factor",
+    "fp16_lm_cross_entropy", "parallel_output", "transformer_layer_spec", "generation_config",
+    "hybrid_override_pattern", "mamba_num_groups", "mamba_head_dim", "mamba_state_dim",
+    "mamba_num_heads", "hf_model_id", "should_pad_vocab", "scatter_embedding_sequence_parallel",
+    "tp_comm_overlap_cfg", "use_transformer_engine_full_layer_spec", "use_te_rng_tracker",
+    "qk_layernorm", "vocab_size_divisible_by", "moe_layer_freq", "first_k_dense_replace",
+    "restore_modelopt_state", "init_model_with_meta_device", "cross_entropy_loss_fusion",
+    "attention_backend", "account_for_embedding_in_pipeline_split",
+    "account_for_loss_in_pipeline_split", "vp_stage", "mtp_enabled", "mamba_stack_spec",
+})
+TRAIN_OTHER_KEYS = frozenset({
+    "train_iters", "train_samples", "eval_iters", "eval_interval", "exit_interval",
+    "exit_duration_in_mins", "exit_signal_handler", "manual_gc", "manual_gc_interval",
+    "manual_gc_eval", "rampup_batch_size", "decrease_batch_size_if_needed", "empty_unused_memory_level",
+    "check_weight_hash_across_dp_replicas_interval", "skip_train", "exit_signal",
+    "train_sync_interval", "iterations_to_skip", "check_optimizer_step_success",
+})
+DDP_OTHER_KEYS = frozenset({
+    "overlap_grad_reduce", "overlap_param_gather", "align_param_gather", "use_custom_fsdp",
+    "data_parallel_sharding_strategy", "bucket_size", "average_in_collective",
+    "check_for_nan_in_grad", "check_for_large_grads", "use_megatron_fsdp",
+    "num_distributed_optimizer_instances", "fp8_param_gather", "nccl_ub",
+    "keep_fp8_transpose_cache", "reuse_grad_buf_for_mxfp8_param_ag",
+    "pad_buckets_for_high_nccl_busbw", "reduce_scatter_with_fp32_accumulation",
+    "preserve_fp32_weights", "suggested_communication_unit_size", "gradient_reduce_div_fusion",
+    "fsdp_double_buffer", "outer_dp_sharding_strategy", "disable_symmetric_registration",
+})
+
+
+@lru_cache(maxsize=1)
+def mcore_field_names() -> frozenset:
+    lines = (DATA / "mcore_fields.txt").read_text().splitlines()
+    return frozenset(x.strip() for x in lines if x.strip() and not x.startswith("#"))
+
+
+def _known_model_keys() -> frozenset:
+    return FIELD_NAMES | mcore_field_names() | BRIDGE_MODEL_KEYS
+
+
+def _suggest(key: str, known: Iterable[str]) -> str:
+    close = difflib.get_close_matches(key, sorted(known), n=1, cutoff=0.75)
+    return f" (did you mean '{close[0]}'?)" if close else ""
+
+
+# ---------------------------------------------------------------- coercion
+_TYPES = {f.name: str(f.type) for f in dataclasses.fields(Workload)}
+_POSITIVE = {"num_layers", "hidden_size", "num_attention_heads", "num_query_groups", "kv_channels",
+             "ffn_hidden_size", "seq_length", "vocab_size", "num_moe_experts", "moe_router_topk",
+             "moe_ffn_hidden_size", "moe_shared_expert_intermediate_size", "tensor_model_parallel_size",
+             "pipeline_model_parallel_size", "virtual_pipeline_model_parallel_size",
+             "context_parallel_size", "expert_model_parallel_size", "expert_tensor_parallel_size",
+             "micro_batch_size", "global_batch_size", "num_gpus", "gpu_memory_gb", "q_lora_rank",
+             "kv_lora_rank", "qk_head_dim", "qk_pos_emb_head_dim", "v_head_dim"}
+_CHOICES = {
+    "transformer_impl": ("transformer_engine", "local", "inference_optimized"),
+    "cuda_graph_impl": ("none", "local", "transformer_engine"),
+    "fp8": ("e4m3", "hybrid"),
+    "fp8_recipe": ("delayed", "tensorwise", "mxfp8", "blockwise", "custom"),
+    "fp4": ("nvfp4",),
+    "moe_token_dispatcher_type": ("allgather", "alltoall", "flex"),
+}
+
+
+def _coerce(name: str, value: Any, where: str) -> Any:
+    """Convert one value to the Workload field's type, or raise naming `where`."""
+    t = _TYPES[name]
+    optional = t.startswith("Optional")
+    if value is None:
+        if optional or name in ("recompute_modules", "offload_modules"):
+            return None
+        raise InputError(where, "must not be null")
+    if name == "activation_func":
+        return _activation_name(value, where)
+    if "list" in t and isinstance(value, (list, tuple)):
+        if name in ("recompute_modules", "offload_modules", "cuda_graph_scope"):
+            bad = [v for v in value if not isinstance(v, str) or not v.strip()]
+            if bad:
+                raise InputError(where, f"entries must be non-empty strings, got {bad[0]!r}")
+            return [v.strip() for v in value]
+        if name == "moe_layer_freq":
+            if not all(isinstance(v, int) and not isinstance(v, bool) and v in (0, 1) for v in value):
+                raise InputError(where, "a list must hold 0/1 per layer")
+            return list(value)
+    if name in ("recompute_modules", "offload_modules"):
+        raise InputError(where, f"must be a list of labels, got {type(value).__name__} {value!r}"
+                         " (megatron-core iterates a string character by character)")
+    base = t.replace("Optional[", "").replace("]", "")
+    if "bool" == base:
+        if isinstance(value, bool):
+            return value
+        raise InputError(where, f"must be true or false, got {value!r}")
+    if base in ("int", "Union[int, list"):
+        if isinstance(value, bool) or not isinstance(value, int):
+            if isinstance(value, float) and value.is_integer():
+                value = int(value)
+            else:
+                raise InputError(where, f"must be an integer, got {value!r}")
+        if name in _POSITIVE and value <= 0:
+            raise InputError(where, f"must be positive, got {value}")
+        return value
+    if base == "float":
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise InputError(where, f"must be a number, got {value!r}")
+        if name in _POSITIVE and value <= 0:
+            raise InputError(where, f"must be positive, got {value}")
+        if name.endswith("dropout") and not 0 <= value < 1:
+            raise InputError(where, f"must be in [0, 1), got {value}")
+        return float(value)
+    if base in ("str", "Union[str, list"):
+        if not isinstance(value, str):
+            raise InputError(where, f"must be a string, got {value!r}")
+        if name in _CHOICES and value not in _CHOICES[name]:
+            raise InputError(where, f"must be one of {', '.join(_CHOICES[name])}, got {value!r}")
+        return value
+    return value
+
+
+def _activation_name(value: Any, where: str) -> str:
+    if isinstance(value, dict) and "_target_" in value:
+        value = value["_target_"]
+    if not isinstance(value, str):
+        raise InputError(where, f"must be a function name such as silu or gelu, got {value!r}")
+    return value.rsplit(".", 1)[-1].split(" ")[0].strip("<>")
+
+
+# ---------------------------------------------------------------- sources
+def _read_yaml(path: Path, where: str) -> dict:
+    import yaml  # light; imported only when a file is read
+
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise InputError(where, f"no such file: {path}") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise InputError(where, f"cannot read {path}: {exc.__class__.__name__}") from None
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        at = f" at line {mark.line + 1}" if mark else ""
+        raise InputError(where, f"not valid YAML{at}: {getattr(exc, 'problem', exc)}") from None
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise InputError(where, "must be a mapping with sections such as model:, train:, cluster:")
+    return data
+
+
+def _sections_to_fields(data: dict, origin: str) -> tuple[dict, dict]:
+    """Map the file's sections onto Workload fields. Returns (fields, extra_model)."""
+    fields: dict[str, Any] = {}
+    extra: dict[str, Any] = {}
+    mapped = {"train": (TRAIN_KEYS, TRAIN_OTHER_KEYS), "ddp": (DDP_KEYS, DDP_OTHER_KEYS),
+              "comm_overlap": (COMM_OVERLAP_KEYS, None), "cluster": (CLUSTER_KEYS, frozenset())}
+    for section, body in data.items():
+        where = f"{origin}{section}"
+        if section == "model":
+            if not isinstance(body, dict):
+                raise InputError(where, "must be a mapping of TransformerConfig fields")
+            known = _known_model_keys()
+            for key, value in body.items():
+                kw = f"{where}.{key}"
+                if key in FIELD_NAMES:
+                    fields[key] = _coerce(key, value, kw)
+                elif key == "first_k_dense_replace":
+                    fields.setdefault("_first_k_dense", (value, kw))
+                elif key in known:
+                    if key in mcore_field_names():
+                        extra[key] = value
+                else:
+                    raise InputError(kw, f"unknown model field{_suggest(key, known)}")
+        elif section in mapped:
+            ours, others = mapped[section]
+            if not isinstance(body, dict):
+                raise InputError(where, "must be a mapping")
+            for key, value in body.items():
+                kw = f"{where}.{key}"
+                if key in ours:
+                    fields[ours[key]] = _coerce(ours[key], value, kw)
+                elif others is None or key in others:
+                    continue
+                else:
+                    raise InputError(kw, f"unknown {section} field"
+                                     f"{_suggest(key, set(ours) | set(others))}")
+        elif section in IGNORED_SECTIONS or section.startswith("_"):
+            continue
+        else:
+            top = {"model", "train", "ddp", "comm_overlap", "cluster"} | IGNORED_SECTIONS
+            raise InputError(where, f"unknown section{_suggest(section, top)}")
+    return fields, extra
+
+
+def parse_override(text: str) -> tuple[str, Any]:
+    """Parse one Hydra-style `key=value`. Values use YAML scalars/flow lists: null, true, [a,b]."""
+    import yaml
+
+    if "=" not in text:
+        raise InputError(f"--set {text}", "expected key=value")
+    key, raw = text.split("=", 1)
+    key = key.strip().lstrip("+")
+    if not key:
+        raise InputError(f"--set {text}", "empty key")
+    try:
+        value = yaml.safe_load(raw) if raw.strip() else ""
+    except yaml.YAMLError:
+        value = raw
+    if key.endswith("recompute_modules") and isinstance(value, str) and value not in ("",):
+        value = [v.strip() for v in value.split(",")]  # the harness flag's comma form
+    return key, value
+
+
+def _apply_overrides(data: dict, overrides: Iterable[str]) -> None:
+    for text in overrides:
+        key, value = parse_override(text)
+        parts = key.split(".")
+        if len(parts) == 1:
+            section = "cluster" if parts[0] in CLUSTER_KEYS else "train" if parts[0] in TRAIN_KEYS \
+                else "model"
+            parts = [section, parts[0]]
+        if len(parts) != 2:
+            raise InputError(f"--set {key}", "expected section.key (e.g. model.recompute_modules)")
+        data.setdefault(parts[0], {})
+        if not isinstance(data[parts[0]], dict):
+            raise InputError(f"--set {key}", f"section {parts[0]} is not a mapping")
+        data[parts[0]][parts[1]] = value
+
+
+def _merge(base: dict, top: dict) -> dict:
+    out = {k: (dict(v) if isinstance(v, dict) else v) for k, v in base.items()}
+    for k, v in top.items():
+        if isinstance(v, dict) and isinstance(out.get(k), dict):
+            out[k].update(v)
+        else:
+            out[k] = v
+    return out
+
+
+def load_workload(path: str | None = None, sets: Iterable[str] = (), model: str | None = None,
+                  hf_config: str | None = None, mcore_version: str | None = None,
+                  default: bool = False) -> Workload:
+    """Build and validate a Workload. `default=True` starts from the embedded default workload."""
+    data: dict = {}
+    if default and not (path or model or hf_config):
+        data = _read_yaml(DATA / "default_workload.yaml", "default workload")
+    if model:
+        from mbridge_recompute import catalog
+
+        data = _merge(data, catalog.model_sections(model))
+    if hf_config:
+        from mbridge_recompute import hf_config as hf
+
+        data = _merge(data, {"model": hf.model_fields(Path(hf_config))})
+    if path:
+        data = _merge(data, _read_yaml(Path(path), path))
+    _apply_overrides(data, sets)
+    fields, extra = _sections_to_fields(data, "")
+    first_k = fields.pop("_first_k_dense", None)
+    if first_k is not None and "moe_layer_freq" not in fields:
+        value, where = first_k
+        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            raise InputError(where, f"must be a non-negative integer, got {value!r}")
+        n = fields.get("num_layers", Workload.num_layers)
+        fields["moe_layer_freq"] = [0] * value + [1] * (n - value)
+    workload = Workload(**fields, extra_model=extra)
+    validate(workload, mcore_version or labels.target_version())
+    return workload
+
+
+def validate(w: Workload, version: str) -> None:
+    """Consistency checks that make a workload meaningless (exit 2), not constraint findings."""
+    tp, pp = w.tensor_model_parallel_size, w.pipeline_model_parallel_size
+    if w.num_attention_heads % tp:
+        raise InputError("model.tensor_model_parallel_size",
+                         f"{tp} does not divide num_attention_heads={w.num_attention_heads}")
+    if w.num_query_groups and w.num_attention_heads % w.num_query_groups:
+        raise InputError("model.num_query_groups",
+                         f"{w.num_query_groups} does not divide num_attention_heads="
+                         f"{w.num_attention_heads}")
+    uneven = w.num_layers_in_first_pipeline_stage or w.num_layers_in_last_pipeline_stage
+    if not uneven and not w.hybrid_override_pattern and w.num_layers % pp:
+        raise InputError("model.pipeline_model_parallel_size",
+                         f"{pp} does not divide num_layers={w.num_layers}")
+    if w.virtual_pipeline_model_parallel_size and not uneven and \
+            w.num_layers % (pp * w.virtual_pipeline_model_parallel_size):
+        raise InputError("model.virtual_pipeline_model_parallel_size",
+                         f"pp*vpp={pp * w.virtual_pipeline_model_parallel_size} does not divide "
+                         f"num_layers={w.num_layers}")
+    if isinstance(w.moe_layer_freq, list) and len(w.moe_layer_freq) != w.num_layers:
+        raise InputError("model.moe_layer_freq",
+                         f"has {len(w.moe_layer_freq)} entries for num_layers={w.num_layers}")
+    if w.is_moe and w.num_moe_experts % w.expert_model_parallel_size:
+        raise InputError("model.expert_model_parallel_size",
+                         f"{w.expert_model_parallel_size} does not divide num_moe_experts="
+                         f"{w.num_moe_experts}")
+    if w.is_moe and w.moe_router_topk > w.num_moe_experts:
+        raise InputError("model.moe_router_topk",
+                         f"{w.moe_router_topk} exceeds num_moe_experts={w.num_moe_experts}")
+    if w.num_gpus and w.num_gpus % w.model_parallel_size:
+        raise InputError("cluster.num_gpus",
+                         f"{w.num_gpus} is not a multiple of TP*PP*CP={w.model_parallel_size}")
+    if w.recompute_granularity not in (None, "selective", "full"):
+        # MCore raises too, but with a typo'd message; name the field here.
+        raise InputError("model.recompute_granularity",
+                         f"must be selective, full or null, got {w.recompute_granularity!r}")
+    if w.recompute_method not in (None, "uniform", "block"):
+        raise InputError("model.recompute_method",
+                         f"must be uniform, block or null, got {w.recompute_method!r}")
+    if w.recompute_granularity == "selective" and w.recompute_modules:
+        allowed = labels.labels_for(version)
+        unknown = [m for m in w.recompute_modules if m not in allowed]
+        if unknown:
+            raise InputError("model.recompute_modules",
+                             f"unknown label {unknown[0]!r} for megatron-core {version}; "
+                             f"valid: {', '.join(allowed)}")
+
+
+def read_json(path: str, where: str) -> Any:
+    try:
+        return json.loads(Path(path).read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise InputError(where, f"no such file: {path}") from None
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise InputError(where, f"cannot read {path} as JSON: {exc.__class__.__name__}") from None
+
+
+def add_workload_arguments(parser) -> None:
+    """Options shared by every workload-taking tool."""
+    parser.add_argument("workload", nargs="?", metavar="WORKLOAD.yaml",
+                        help="workload file (our schema or a Bridge config dump)")
+    parser.add_argument("--model", metavar="NAME", help="start from a catalog model")
+    parser.add_argument("--hf-config", metavar="PATH", help="architecture from a Hugging Face config.json")
+    parser.add_argument("--set", dest="sets", action="append", default=[], metavar="KEY=VALUE",
+                        help="override, Hydra syntax: model.recompute_modules=[moe_act] (repeatable)")
+    parser.add_argument("--mcore-version", metavar="VER",
+                        help="megatron-core version to check labels against "
+                             "(default: the installed one, else 0.16.1)")

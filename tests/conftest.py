@@ -1,0 +1,41 @@
+"""Shared helpers: run the real scripts as subprocesses, find the repo."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+SCRIPTS = ROOT / "scripts"
+EXAMPLES = ROOT / "examples"
+
+# the package is importable in-process too (an installed skill works without pip)
+if str(SCRIPTS) not in sys.path:
+    sys.path.insert(0, str(SCRIPTS))
+
+SCRIPT_OF = {
+    "plan": "plan.py", "config": "write_config.py", "check": "check_config.py",
+    "harness": "run_harness.py", "compare": "compare_runs.py", "diagnose": "diagnose.py",
+    "tests": "run_tests.py",
+}
+
+
+def run_script(tool: str, *args: str, cwd: str | os.PathLike | None = None,
+               env: dict | None = None, timeout: float = 120) -> subprocess.CompletedProcess:
+    """Run `scripts/<tool>.py ARGS` exactly as an agent would."""
+    full_env = dict(os.environ)
+    full_env.pop("PYTHONPATH", None)
+    if env:
+        full_env.update(env)
+    return subprocess.run([sys.executable, str(SCRIPTS / SCRIPT_OF[tool]), *map(str, args)],
+                          capture_output=True, text=True, cwd=cwd or ROOT, env=full_env,
+                          stdin=subprocess.DEVNULL, timeout=timeout)
+
+
+@pytest.fixture
+def run_tool():
+    return run_script

@@ -1,0 +1,21 @@
+#!/usr/bin/env bash
+# The whole test suite on a fresh machine: installs what it needs, then runs pytest.
+# torch is pinned to 2.13.0 so pip takes the CPU build instead of a multi-GB CUDA one.
+# Exits non-zero on any failure, and also when no test ran (pytest exit 5).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PY=${PYTHON:-python3}
+if [ ! -x .venv/bin/python ]; then "$PY" -m venv .venv; fi
+.venv/bin/python -m pip install -q --upgrade pip
+.venv/bin/python -m pip install -q "torch==2.13.0"
+.venv/bin/python -m pip install -q -e ".[test]"
+# the npm skills CLI for the install test; 1.5.18 is the newest that runs on Node 20
+if command -v npm >/dev/null 2>&1; then
+  npm install --silent --no-audit --no-fund --prefix .tools skills@1.5.18 >/dev/null
+fi
+set +e
+.venv/bin/python -m pytest "$@"
+rc=$?
+set -e
+if [ "$rc" -eq 5 ]; then echo "no tests ran: failing" >&2; exit 1; fi
+exit "$rc"
