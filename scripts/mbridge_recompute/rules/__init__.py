@@ -1,0 +1,58 @@
+"""Recompute constraint checking: the public API other modules call.
+
+    check_workload(w, validator="builtin", version=None) -> report dict
+    errors_only(report) -> list of error findings
+
+A report is `{"ok", "validator", "version", "findings": [{id, severity, message,
+fix, source, upstream_message, citation, kind}]}`; `ok` is False iff some finding
+is an error. `validator`:
+
+- "builtin": the rule table in `builtin.py` (pure Python; never imports torch
+  or megatron, so it is fast and works anywhere);
+- "live": the installed megatron-core's own `TransformerConfig` decides what
+  the config accepts; built-in findings the config cannot see (training
+  arguments, runtime-only failures, silent no-ops) are added, so live is a
+  superset;
+- "auto": live when megatron-core is installed, else builtin.
+
+The report's `validator` says which one answered.
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+VALIDATORS = ("auto", "live", "builtin")
+
+
+def check_workload(w, validator: str = "builtin", version: Optional[str] = None,
+                   te_version: Optional[str] = None) -> dict:
+    """Check a Workload against every known recompute constraint.
+
+    `version`: "0.16.1" / "main" / a release number; default: the installed
+    megatron-core's, else 0.16.1. `te_version`: Transformer Engine on the
+    training nodes if known (default: the workload's `te_version`).
+    """
+    from mbridge_recompute import labels
+
+    if validator not in VALIDATORS:
+        from mbridge_recompute.errors import InputError
+
+        raise InputError("--validator", f"must be one of {', '.join(VALIDATORS)}, got {validator!r}")
+    if validator == "auto":
+        from mbridge_recompute.rules.live import mcore_available
+
+        validator = "live" if mcore_available() else "builtin"
+    if validator == "live":
+        from mbridge_recompute.rules import live
+
+        return live.check(w, version=version, te_version=te_version)
+    from mbridge_recompute.rules import builtin
+
+    v = labels.resolve_version(version) if version else labels.target_version()
+    return builtin.check(w, version=v, te_version=te_version)
+
+
+def errors_only(report: dict) -> list[dict]:
+    """The findings of a report that make it fail (severity "error")."""
+    return [f for f in report["findings"] if f["severity"] == "error"]

@@ -1,0 +1,62 @@
+"""A finding: one constraint that a workload violates or should know about.
+
+Findings are plain dicts (they go straight into the JSON report). The fact
+behind a finding -- its upstream message, severity, fix and citation -- lives
+once in card.yaml (`constraints:`); `finding()` reads it from there by id.
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+from mbridge_recompute import card
+
+SEVERITIES = ("error", "warning", "info")
+_RANK = {s: i for i, s in enumerate(SEVERITIES)}
+
+
+def finding(cid: str, source: str, detail: Optional[str] = None,
+            severity: Optional[str] = None, upstream: Optional[str] = None) -> dict:
+    """Build a finding for card constraint `cid`.
+
+    `detail` is the workload-specific sentence (what was seen); without it the
+    card's plain-words condition is used. `upstream` overrides the card's
+    message with the text megatron-core actually raised (live validator), so the
+    report shows the real string, f-string parts filled in.
+    """
+    c = card.constraint(cid)
+    return {
+        "id": cid,
+        "severity": severity or c["severity"],
+        "message": detail or c["condition"],
+        "fix": c["fix"],
+        "source": source,
+        "upstream_message": upstream if upstream is not None else c["message"],
+        "citation": c["source"],
+        "kind": c["kind"],
+    }
+
+
+def sort_findings(findings: list[dict]) -> list[dict]:
+    """Errors first, then warnings, then info; stable within a severity."""
+    return sorted(findings, key=lambda f: _RANK.get(f["severity"], 99))
+
+
+def dedupe(findings: list[dict]) -> list[dict]:
+    """Keep the first finding per id (the live one when live runs first)."""
+    seen: set = set()
+    out = []
+    for f in findings:
+        if f["id"] in seen:
+            continue
+        seen.add(f["id"])
+        out.append(f)
+    return out
+
+
+def report(findings: list[dict], validator: str, version: str, **extra) -> dict:
+    findings = sort_findings(dedupe(findings))
+    out = {"ok": not any(f["severity"] == "error" for f in findings),
+           "validator": validator, "version": version, "findings": findings}
+    out.update(extra)
+    return out
