@@ -1,0 +1,105 @@
+"""The loader: real field names, Bridge dumps, overrides, and the edge checks that make input unusable."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from conftest import EXAMPLES
+from mbridge_recompute.errors import InputError
+from mbridge_recompute.loading import load_workload, mcore_field_names, parse_override
+from mbridge_recompute.workload import FIELD_NAMES, Workload
+
+
+def test_field_list_matches_installed_transformer_config():
+    """data/mcore_fields.txt is exactly the installed megatron-core's TransformerConfig (+MLA) fields."""
+    from megatron.core.transformer.transformer_config import MLATransformerConfig, TransformerConfig
+
+    installed = {f.name for f in dataclasses.fields(TransformerConfig)}
+    installed |= {f.name for f in dataclasses.fields(MLATransformerConfig)}
+    assert mcore_field_names() == installed
+
+
+def test_workload_model_fields_are_real_transformer_config_fields():
+    """Every field the live validator receives is a real TransformerConfig/MLATransformerConfig field."""
+    fields = set(Workload().model_fields())
+    assert fields <= mcore_field_names(), sorted(fields - mcore_field_names())
+
+
+def test_workload_defaults_are_megatron_core_defaults():
+    """Defaults equal megatron-core 0.16.1's, so an unset key means what it means upstream."""
+    from megatron.core.transformer.transformer_config import TransformerConfig
+
+    upstream = {f.name: f.default for f in dataclasses.fields(TransformerConfig)
+                if f.default is not dataclasses.MISSING}
+    ours = Workload()
+    checked = 0
+    for name in FIELD_NAMES & set(upstream):
+        if name in ("num_layers", "hidden_size", "num_attention_heads", "activation_func",
+                    "cuda_graph_scope", "moe_layer_freq"):
+            continue  # required upstream, a function object, or an enum-normalised value
+        expected = getattr(upstream[name], "name", upstream[name])  # enums compare by name
+        assert getattr(ours, name) == expected, name
+        checked += 1
+    assert checked > 40
+
+
+def test_bridge_config_dump_loads_as_is():
+    """A ConfigContainer dump with sections the tools do not read loads; model keys keep Bridge names."""
+    w = load_workload(str(EXAMPLES / "bridge_dump_llama3_8b.yaml"))
+    assert w.activation_func == "silu" and w.swiglu
+    assert w.micro_batch_size == 1 and w.global_batch_size == 128
+    assert w.recompute_granularity == "selective" and w.recompute_modules == ["core_attn"]
+    assert w.extra_model["apply_rope_fusion"] is True   # real MCore field, passed through
+
+
+def test_first_k_dense_replace_becomes_a_layer_pattern():
+    w = load_workload(sets=["model.num_layers=4", "model.num_moe_experts=8",
+                            "model.first_k_dense_replace=1"])
+    assert w.layer_kinds() == ["attn+mlp", "attn+moe", "attn+moe", "attn+moe"]
+
+
+def test_overrides_win_over_the_file_and_accept_the_harness_comma_form():
+    w = load_workload(default=True, sets=["model.recompute_modules=core_attn,mlp"])
+    assert w.recompute_modules == ["core_attn", "mlp"]
+    w = load_workload(default=True, sets=["model.recompute_modules=[]"])
+    assert w.recompute_modules == []
+    w = load_workload(default=True, sets=["model.recompute_granularity=null"])
+    assert w.recompute_granularity is None
+
+
+def test_bare_keys_go_to_their_section():
+    assert parse_override("recompute_num_layers=2") == ("recompute_num_layers", 2)
+    w = load_workload(default=True, sets=["micro_batch_size=2", "gpu_memory_gb=141"])
+    assert w.micro_batch_size == 2 and w.gpu_memory_gb == 141
+
+
+@pytest.mark.parametrize("sets, field", [
+    (["model.recompute_modules=[attn]"], "model.recompute_modules"),
+    (["model.num_layers=-1"], "model.num_layers"),
+    (["model.tensor_model_parallel_size=3"], "model.tensor_model_parallel_size"),
+    (["model.num_layers=81"], "model.pipeline_model_parallel_size"),
+    (["model.hiden_size=10"], "model.hiden_size"),
+    (["cluster.num_gpus=33"], "cluster.num_gpus"),
+    (["model.sequence_parallel=yes please"], "model.sequence_parallel"),
+])
+def test_unusable_input_names_the_field(sets, field):
+    with pytest.raises(InputError) as info:
+        load_workload(default=True, sets=sets)
+    assert info.value.field == field
+
+
+def test_unknown_key_gets_a_suggestion():
+    with pytest.raises(InputError) as info:
+        load_workload(default=True, sets=["model.recompute_module=[mlp]"])
+    assert "did you mean 'recompute_modules'" in info.value.reason
+
+
+def test_labels_are_checked_against_the_target_version():
+    """gdn_norm_out exists in main, not in 0.16.1."""
+    sets = ["model.recompute_modules=[gdn_norm_out]"]
+    with pytest.raises(InputError):
+        load_workload(default=True, sets=sets, mcore_version="0.16.1")
+    w = load_workload(default=True, sets=sets, mcore_version="main")
+    assert w.recompute_modules == ["gdn_norm_out"]
