@@ -1,0 +1,260 @@
+"""A recompute setting written out for the place it goes: Bridge Python, YAML,
+Hydra overrides, the Bridge performance harness, or Megatron-LM flags.
+
+    render(setting, fmt) -> str | list[str]     fmt in FORMATS
+    render_all(setting) -> {"python", "yaml", "overrides", "harness", "mlm", "unexpressible"}
+    written_fields(setting) -> the five config values every format sets
+    shell_join(tokens) -> one display line, quoted for a POSIX shell
+
+Every format sets every recompute key, not only the ones that differ from
+megatron-core's defaults: recipes set their own values (e.g. full/block/5 on
+some perf recipes), and a key the snippet leaves alone keeps the recipe's value
+-- a selective setting on top of a full-recompute recipe then fails
+`__post_init__` with "recompute_num_layers must be None" (tc:1179-1185 @
+core_v0.16.1).
+
+Token lists (overrides, harness, mlm) are argv tokens: one list item is one
+argument, never shell-quoted. Quoting is a display matter (`shell_join`).
+
+Nothing here checks legality; `rules.check_workload` does. The renderer only
+refuses what a format cannot say (`NotExpressible`).
+"""
+
+from __future__ import annotations
+
+import re
+import shlex
+from functools import lru_cache
+from pathlib import Path
+from typing import Union
+
+FORMATS = ("python", "yaml", "overrides", "harness", "mlm")
+TEXT_FORMATS = ("python", "yaml")
+
+TEMPLATES = Path(__file__).resolve().parent / "templates"
+
+# A label is one identifier; anything else would split or merge argv tokens
+# (the harness flag is split on "," by list_of_strings, argument_parser.py:41-43).
+_LABEL = re.compile(r"^[A-Za-z][A-Za-z0-9_]*$")
+
+
+class NotExpressible(ValueError):
+    """The format has no way to say this setting (never approximated silently)."""
+
+    def __init__(self, fmt: str, reason: str):
+        super().__init__(f"{fmt}: {reason}")
+        self.fmt = fmt
+        self.reason = reason
+
+
+# ---------------------------------------------------------------- the values
+def written_fields(setting) -> dict:
+    """The five values every format writes for `setting`.
+
+    Labels are only read under selective (tc:1196 @ core_v0.16.1), so for
+    "off" and "full" the list is cleared to [] rather than left to the recipe:
+    a leftover `moe` would still trip main's EP-overlap check, which looks at
+    the list at any granularity (main tc:3030-3032). Under selective, None
+    stays None: that is megatron-core's own default (["core_attn"], tc:1193-1194).
+    """
+    mods = setting.modules
+    if mods is None:
+        modules = None if setting.granularity == "selective" else []
+    else:
+        modules = list(mods)
+    for m in modules or ():
+        if not isinstance(m, str) or not _LABEL.match(m):
+            raise ValueError(f"recompute_modules: {m!r} is not a label")
+    return {
+        "recompute_granularity": setting.granularity,
+        "recompute_modules": modules,
+        "recompute_method": setting.method,
+        "recompute_num_layers": setting.num_layers,
+        "distribute_saved_activations": bool(setting.distribute_saved_activations),
+    }
+
+
+def _py(value) -> str:
+    """A Python literal (double-quoted strings, as Bridge recipes write them)."""
+    if value is None or isinstance(value, bool):
+        return repr(value)
+    if isinstance(value, int):
+        return str(value)
+    if isinstance(value, str):
+        return '"' + value + '"'
+    if isinstance(value, (list, tuple)):
+        return "[" + ", ".join(_py(v) for v in value) + "]"
+    raise TypeError(f"cannot write {value!r} as a Python literal")
+
+
+def _scalar(value) -> str:
+    """A YAML / Hydra scalar or flow list: null, true, 4, selective, [a, b]."""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, int):
+        return str(value)
+    if isinstance(value, str):
+        return value
+    if isinstance(value, (list, tuple)):
+        return "[" + ",".join(_scalar(v) for v in value) + "]"
+    raise TypeError(f"cannot write {value!r} as a scalar")
+
+
+# ---------------------------------------------------------------- templates
+@lru_cache(maxsize=1)
+def _env():
+    import jinja2  # imported on first render only
+
+    env = jinja2.Environment(
+        loader=jinja2.FileSystemLoader(str(TEMPLATES)),
+        undefined=jinja2.StrictUndefined,
+        keep_trailing_newline=True,
+        trim_blocks=True,
+        lstrip_blocks=True,
+        autoescape=False,
+    )
+    env.filters["py"] = _py
+    env.filters["yaml"] = lambda v: _scalar(v).replace(",", ", ")
+    return env
+
+
+def _render_text(fmt: str, setting) -> str:
+    return _env().get_template(f"{fmt}.j2").render(
+        f=written_fields(setting), title=_title(setting))
+
+
+def _title(setting) -> str:
+    if setting.granularity is None:
+        return "off (no activation recompute)"
+    if setting.granularity == "full":
+        return f"full recompute, {setting.method}, {setting.num_layers} layer(s) per model chunk"
+    if setting.modules is None:
+        return "selective, megatron-core default labels ([core_attn])"
+    if not setting.modules:
+        return "selective with no labels (matched no-recompute control)"
+    return "selective [" + ", ".join(setting.modules) + "]"
+
+
+# ---------------------------------------------------------------- token lists
+def _overrides(fields: dict) -> list[str]:
+    """Hydra `key=value` tokens for Bridge's `model:` section, all five keys.
+
+    Bridge applies them in OmegaConf struct mode (omegaconf_utils.py:163-186 @
+    Bridge 067f987), so only real field names may appear -- these are
+    TransformerConfig fields (tc:383-411 @ core_v0.16.1).
+    """
+    order = ("recompute_granularity", "recompute_modules", "recompute_method",
+             "recompute_num_layers", "distribute_saved_activations")
+    return [f"model.{k}={_scalar(fields[k])}" for k in order]
+
+
+def _harness(fields: dict) -> list[str]:
+    """Perf-harness argv: a flag where one exists, Hydra overrides for the rest.
+
+    Facts (bridge-harness.md section 1.4/1.5, Bridge 067f987):
+    - `--recompute_modules a,b` is ONE comma-separated token (`list_of_strings`,
+      scripts/performance/argument_parser.py:41-43,863-868) and also sets
+      granularity "selective" (overrides.py:178-180).
+    - an empty list cannot go through that flag: `--recompute_modules ""`
+      parses to [''], an invalid label; the control is Hydra-only
+      (`model.recompute_granularity=selective 'model.recompute_modules=[]'`).
+    - `-rl N` always means full + block + N (overrides.py:174-177): uniform
+      is reachable only through overrides.
+    - the flags leave other keys as the recipe set them, so method /
+      num_layers / labels / distribute_saved_activations are cleared or set by
+      override next to the flag (a recipe with full/block/5 plus
+      `--recompute_modules` fails tc:1179-1185 otherwise).
+    - flat path precedence is argparse > Hydra > recipe (run_script.py:76-79),
+      so an override never undoes a flag: the two never name the same key.
+    """
+    g, mods = fields["recompute_granularity"], fields["recompute_modules"]
+    method, n = fields["recompute_method"], fields["recompute_num_layers"]
+    dist = f"model.distribute_saved_activations={_scalar(fields['distribute_saved_activations'])}"
+    if g == "selective" and mods and method is None and n is None:
+        return ["--recompute_modules", ",".join(mods),
+                "model.recompute_method=null", "model.recompute_num_layers=null", dist]
+    if g == "full" and method == "block" and n is not None:
+        return ["-rl", str(n), f"model.recompute_modules={_scalar(mods)}", dist]
+    # off, the [] control, selective with the default labels, full uniform:
+    # no flag can say these (test_override_precedence.py:203-216 disables this way).
+    return _overrides(fields)
+
+
+def _mlm(fields: dict) -> list[str]:
+    """Megatron-LM `pretrain_gpt.py` flags at core_v0.16.1.
+
+    The recompute flags are generated from TransformerConfig's fields by
+    ArgumentGroupFactory (megatron/training/arguments.py:1621-1622; none of the
+    five is in the exclude list at :1537-1620): the name is "--" + field name
+    with "_" -> "-" (argument_utils.py:71-83); Optional[Literal[...]] gives
+    `choices` (:112-115, :127-131); Optional[List[str]] gives nargs="+"
+    (:119-123); a bool defaulting to False gives store_true (:166-167). Fields:
+    recompute_granularity tc:383, recompute_method tc:394, recompute_num_layers
+    tc:402, distribute_saved_activations tc:408, recompute_modules tc:411.
+    """
+    g, mods = fields["recompute_granularity"], fields["recompute_modules"]
+    method, n = fields["recompute_method"], fields["recompute_num_layers"]
+    out: list[str] = []
+    if g is None:
+        # the argparse default is None = no recompute (tc:383): nothing to pass
+        pass
+    else:
+        out += ["--recompute-granularity", g]
+    if g == "selective":
+        if mods is not None and not mods:
+            raise NotExpressible(
+                "mlm", "Megatron-LM argparse cannot express selective with an empty "
+                "recompute_modules list: --recompute-modules takes nargs='+' (at least one "
+                "label; argument_utils.py:119-123 @ core_v0.16.1) and leaving it out gives "
+                "the default [core_attn] (tc:1193-1194). The same runtime effect is no "
+                "recompute: pass no recompute flags.")
+        if mods:
+            out += ["--recompute-modules", *mods]
+    if method is not None:
+        out += ["--recompute-method", method]
+    if n is not None:
+        out += ["--recompute-num-layers", str(n)]
+    if fields["distribute_saved_activations"]:
+        out.append("--distribute-saved-activations")
+    return out
+
+
+# ---------------------------------------------------------------- public API
+def render(setting, fmt: str) -> Union[str, list]:
+    """`setting` in format `fmt`: text for python/yaml, argv tokens otherwise."""
+    if fmt not in FORMATS:
+        raise ValueError(f"unknown format {fmt!r}; one of {', '.join(FORMATS)}")
+    if fmt in TEXT_FORMATS:
+        return _render_text(fmt, setting)
+    fields = written_fields(setting)
+    return {"overrides": _overrides, "harness": _harness, "mlm": _mlm}[fmt](fields)
+
+
+def render_all(setting) -> dict:
+    """Every format. A format that cannot say the setting gets [] and a reason
+    under "unexpressible" (so a JSON consumer never mistakes it for a snippet)."""
+    out: dict = {}
+    unexpressible: dict = {}
+    for fmt in FORMATS:
+        try:
+            out[fmt] = render(setting, fmt)
+        except NotExpressible as exc:
+            out[fmt] = "" if fmt in TEXT_FORMATS else []
+            unexpressible[fmt] = exc.reason
+    out["unexpressible"] = unexpressible
+    return out
+
+
+def shell_join(tokens: list) -> str:
+    """One line for display: `'model.recompute_modules=[]'` is quoted, plain tokens are not."""
+    return shlex.join(str(t) for t in tokens)
+
+
+def as_text(value: Union[str, list]) -> str:
+    """What `config --format F` prints: the text, or the tokens as one shell line."""
+    if isinstance(value, str):
+        return value if value.endswith("\n") else value + "\n"
+    return shell_join(value) + "\n"
+
