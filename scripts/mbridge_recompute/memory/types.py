@@ -1,0 +1,84 @@
+"""Plain-data results of the memory model (no logic here)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True)
+class Knobs:
+    """Modelled quantities a Workload does not hold, each with a stated default.
+
+    Every default is also written into `MemoryEstimate.assumptions` as a sentence.
+    """
+    # CUDA context, NCCL and Transformer Engine workspaces, allocator slack: one constant.
+    residual_bytes: int = 3 * 2**29                 # 1.5 GiB
+    # tokens reaching the hottest EP rank's experts relative to perfectly balanced routing
+    moe_load_imbalance: float = 1.0
+    # fp32 norm statistics (rsigma, and mu for LayerNorm); Korthikanti et al. ignore them
+    norm_stats: bool = True
+    # attention score FLOPs factor: 0.5 counts only the causal half of QK^T and PV
+    attention_flops_factor: float = 0.5
+    # one byte of replayed communication costs as much time as this many FLOPs
+    comm_flops_per_byte: float = 2000.0
+    # one byte moved by a memory-bound (elementwise) replayed kernel costs this many FLOPs
+    memory_bound_flops_per_byte: float = 150.0
+
+
+DEFAULT_KNOBS = Knobs()
+# Korthikanti et al. 2022 count only the "main contributors": no fp32 norm statistics.
+PAPER_KNOBS = Knobs(norm_stats=False)
+
+
+@dataclass
+class RankMemory:
+    pp_rank: int
+    static_bytes: int
+    activation_bytes: int            # saved activations of the in-flight micro-batches at the worst moment
+    transient_bytes: int             # the largest transient at that moment
+    peak_bytes: int                  # static + activation + transient
+    peak_term: str                   # which term set the peak
+    activations: dict = field(default_factory=dict)   # component -> bytes (sums to activation_bytes)
+    static: dict = field(default_factory=dict)        # weights, grads, optimizer, fp8_weight_copies, residual
+    in_flight_microbatches: float = 0.0               # in units of this rank's whole layer set
+    transients: dict = field(default_factory=dict)    # candidate transient -> bytes
+    params: int = 0                                   # parameters held by this rank (all chunks)
+    layers: int = 0                                   # decoder layers held by this rank (all chunks)
+
+    def as_dict(self) -> dict:
+        return {
+            "pp_rank": self.pp_rank, "static_bytes": self.static_bytes,
+            "activation_bytes": self.activation_bytes, "transient_bytes": self.transient_bytes,
+            "peak_bytes": self.peak_bytes, "peak_term": self.peak_term,
+            "activations": dict(self.activations), "static": dict(self.static),
+            "transients": dict(self.transients),
+            "in_flight_microbatches": self.in_flight_microbatches,
+            "params": self.params, "layers": self.layers,
+        }
+
+
+@dataclass
+class MemoryEstimate:
+    ranks: list                      # list[RankMemory], one per PP rank
+    hottest: RankMemory              # the rank with the highest peak
+    assumptions: list                # plain sentences
+    per_layer: dict                  # layer kind -> {tensor name -> bytes per micro-batch, "total": ...}
+
+    def as_dict(self) -> dict:
+        return {"ranks": [r.as_dict() for r in self.ranks], "hottest_pp_rank": self.hottest.pp_rank,
+                "assumptions": list(self.assumptions), "per_layer": self.per_layer}
+
+
+@dataclass
+class LabelEffect:
+    label: str
+    applicable: bool
+    reason: str
+    saving_bytes: int                # on the hottest rank vs the selective [] control; negative adds memory
+    cost_pct: float                  # replayed forward FLOPs (+comm) as % of step FLOPs
+    per_layer_saving_bytes: dict = field(default_factory=dict)   # layer kind -> bytes per micro-batch
+
+    def as_dict(self) -> dict:
+        return {"label": self.label, "applicable": self.applicable, "reason": self.reason,
+                "saving_bytes": self.saving_bytes, "cost_pct": self.cost_pct,
+                "per_layer_saving_bytes": dict(self.per_layer_saving_bytes)}
