@@ -1,0 +1,290 @@
+"""`config`: write a recompute setting for Bridge, the perf harness or Megatron-LM.
+
+The setting is checked before it is written: it is put into the workload (the
+one given, or a permissive baseline when none is given) and the constraint
+checker must accept it. An illegal setting is refused with the constraint
+that forbids it (exit 1); options that contradict each other are unusable
+input (exit 2).
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+from mbridge_recompute.errors import EXIT_OK, EXIT_PROBLEM, InputError
+
+DESCRIPTION = ("Write a recompute setting as Bridge Python, Bridge YAML, Hydra overrides, "
+               "perf-harness argv or Megatron-LM flags, after checking it against the workload.")
+
+EPILOG = """\
+examples:
+  write_config.py --modules moe_act,layernorm                      # Bridge Python (default)
+  write_config.py --modules '[]' --format harness                  # matched no-recompute control
+  write_config.py --granularity full --method uniform --num-layers 1 --format overrides
+  write_config.py --granularity full --method block --num-layers 4 --format mlm
+  write_config.py --granularity none --format yaml --output recompute.yaml
+  write_config.py examples/moonlight_16b.yaml --modules moe_act --json
+
+options that go together:
+  --granularity selective  needs --modules (a,b or [] for the matched control); --modules alone
+                           implies selective
+  --granularity full       needs --method {uniform,block} and --num-layers N (per model chunk)
+  --granularity none       takes none of --modules/--method/--num-layers/--distribute-saved-activations
+
+which workload the setting is checked against:
+  a WORKLOAD.yaml, --model, --hf-config or --set: that workload with this setting in place of its own.
+  none of them: a permissive baseline built for the setting (bf16, no dropout, no CUDA graphs;
+  MoE with grouped GEMM for MoE labels, MLA for mla_up_proj, TP 2 without SP for
+  --distribute-saved-activations). Only the setting's own constraints can fail there, and
+  warnings about the baseline model are not shown; give your workload for the full check.
+
+formats:
+  python     cfg.model.* assignments for a Bridge recipe or ConfigContainer
+  yaml       a model: section
+  overrides  Hydra key=value tokens for Bridge (one argv token each)
+  harness    Bridge perf-harness argv: --recompute_modules a,b or -rl N where they say exactly
+             this setting, Hydra overrides for the rest ([] control, uniform, off)
+  mlm        Megatron-LM flags (--recompute-granularity ...); the empty list cannot be expressed
+Every format sets all five recompute keys, so a recipe's own values cannot leak through.
+
+exit codes: 0 written, 1 the setting breaks a constraint (refused, named on stderr),
+2 unusable options or workload.
+"""
+
+
+def add_arguments(parser) -> None:
+    from mbridge_recompute.loading import add_workload_arguments
+    from mbridge_recompute.snippets import FORMATS
+
+    add_workload_arguments(parser)
+    g = parser.add_argument_group("recompute setting")
+    g.add_argument("--granularity", choices=("selective", "full", "none"),
+                   help="selective (labels), full (whole layers) or none")
+    g.add_argument("--modules", metavar="A,B",
+                   help="selective labels, one comma-separated token, or [] for the matched control")
+    g.add_argument("--method", choices=("uniform", "block"), help="full recompute method")
+    g.add_argument("--num-layers", type=int, metavar="N",
+                   help="full recompute: layers per group (uniform) or per model chunk (block)")
+    g.add_argument("--distribute-saved-activations", action="store_true",
+                   help="full recompute only: split the saved layer inputs across TP ranks (no SP)")
+    o = parser.add_argument_group("output")
+    o.add_argument("--format", choices=FORMATS, default="python", help="default: python")
+    o.add_argument("--json", action="store_true",
+                   help="one JSON object: the setting, every format, the check")
+    o.add_argument("--output", metavar="PATH", help="write the --format snippet to PATH")
+    o.add_argument("--force", action="store_true", help="let --output overwrite an existing file")
+
+
+# ---------------------------------------------------------------- options -> setting
+def parse_modules(text: str, version: str) -> tuple:
+    """'a,b' / '[a,b]' / '[]' -> labels, each known to megatron-core `version`."""
+    from mbridge_recompute import labels
+
+    t = text.strip()
+    bracketed = t.startswith("[") and t.endswith("]")
+    inner = t[1:-1].strip() if bracketed else t
+    if not inner:
+        if bracketed:
+            return ()
+        raise InputError("--modules", "empty; use [] for the matched no-recompute control")
+    mods = [m.strip() for m in inner.split(",")]
+    if any(not m for m in mods):
+        raise InputError("--modules", f"{text!r} has an empty label (one comma-separated token: a,b)")
+    allowed = labels.labels_for(version)
+    for m in mods:
+        if m not in allowed:
+            raise InputError("--modules", f"unknown label {m!r} for megatron-core "
+                             f"{labels.resolve_version(version)}; valid: {', '.join(allowed)}")
+    seen = set()
+    for m in mods:
+        if m in seen:
+            raise InputError("--modules", f"{m!r} is listed twice")
+        seen.add(m)
+    return tuple(mods)
+
+
+def setting_from_args(args, version: str):
+    """The RecomputeSetting the options describe, or InputError naming the option at fault."""
+    from mbridge_recompute.setting import RecomputeSetting
+
+    g = args.granularity
+    if g is None:
+        if args.modules is not None:
+            g = "selective"  # as the harness's --recompute_modules does (overrides.py:178-180)
+        elif args.method is not None:
+            raise InputError("--method", "needs --granularity full")
+        elif args.num_layers is not None:
+            raise InputError("--num-layers", "needs --granularity full")
+        else:
+            raise InputError("--granularity", "required: selective, full or none "
+                             "(or --modules A,B, which implies selective)")
+    if g == "none":
+        for opt, given in (("--modules", args.modules is not None), ("--method", args.method),
+                           ("--num-layers", args.num_layers is not None),
+                           ("--distribute-saved-activations", args.distribute_saved_activations)):
+            if given:
+                raise InputError(opt, "has no meaning with --granularity none")
+        return RecomputeSetting.off()
+    if g == "selective":
+        if args.method is not None:
+            # Megatron-LM rejects it (arguments.py:899-902 @ core_v0.16.1) though
+            # TransformerConfig accepts it; selective always covers every layer.
+            raise InputError("--method", "only with --granularity full (selective covers every layer)")
+        if args.num_layers is not None:
+            # tc:1179-1185 @ core_v0.16.1: selective needs recompute_num_layers None
+            raise InputError("--num-layers", "only with --granularity full "
+                             "(selective needs recompute_num_layers None)")
+        if args.modules is None:
+            raise InputError("--modules", "required with --granularity selective: A,B or [] "
+                             "(megatron-core's implicit default is [core_attn]; say it if you mean it)")
+        return RecomputeSetting(granularity="selective", modules=parse_modules(args.modules, version),
+                                distribute_saved_activations=args.distribute_saved_activations)
+    # full
+    if args.modules is not None:
+        # labels are read only under selective (tc:1196 @ core_v0.16.1)
+        raise InputError("--modules", "only with --granularity selective (full recomputes whole layers)")
+    if args.method is None:
+        raise InputError("--method", "required with --granularity full: uniform or block")
+    if args.num_layers is None:
+        raise InputError("--num-layers", "required with --granularity full")
+    if args.num_layers < 1:
+        # 0.16.1 checks no bound: uniform with N <= 0 loops forever, block recomputes
+        # nothing (transformer_block.py:536-564 @ core_v0.16.1)
+        raise InputError("--num-layers", f"must be >= 1, got {args.num_layers}")
+    return RecomputeSetting.full(args.method, args.num_layers, args.distribute_saved_activations)
+
+
+# ---------------------------------------------------------------- workload
+def baseline_workload(setting):
+    """The most permissive workload for `setting`: every label it names applies,
+    no CUDA graphs, no dropout, bf16. Only constraints of the setting itself can
+    fail here (e.g. distribute_saved_activations without full recompute)."""
+    from mbridge_recompute.workload import Workload
+
+    mods = set(setting.modules or ())
+    kw: dict = dict(bf16=True, attention_dropout=0.0, hidden_dropout=0.0, num_layers=8,
+                    hidden_size=1024, num_attention_heads=16)
+    if mods & {"moe_act", "moe", "shared_experts"}:
+        kw.update(num_moe_experts=8, moe_router_topk=2, moe_ffn_hidden_size=1024,
+                  moe_grouped_gemm=True, moe_token_dispatcher_type="alltoall",
+                  # a dense layer too when `mlp` is asked for: i % 2 == 0 is MoE
+                  moe_layer_freq=2 if "mlp" in mods else 1)
+        if "shared_experts" in mods:
+            kw["moe_shared_expert_intermediate_size"] = 1024
+    if "mla_up_proj" in mods:
+        kw["multi_latent_attention"] = True
+    if "gdn_norm_out" in mods:
+        kw["experimental_attention_variant"] = "gdn"
+    if setting.granularity == "full":
+        # uniform N must divide the layers of a chunk and block N should not exceed them
+        kw["num_layers"] = 8 * max(1, setting.num_layers or 1)
+    if setting.distribute_saved_activations:
+        kw.update(tensor_model_parallel_size=2, sequence_parallel=False)
+    return Workload(**kw)
+
+
+def _has_workload(args) -> bool:
+    return bool(args.workload or args.model or args.hf_config or args.sets)
+
+
+def check_setting(setting, args, version: str) -> dict:
+    """Put the setting into the workload as the snippet writes it, and check it."""
+    from mbridge_recompute.rules import check_workload
+    from mbridge_recompute.snippets import written_fields
+
+    given = _has_workload(args)
+    if given:
+        from mbridge_recompute.loading import load_workload
+
+        base = load_workload(args.workload, args.sets, args.model, args.hf_config, args.mcore_version)
+    else:
+        base = baseline_workload(setting)
+    w = base.replace(**written_fields(setting))
+    report = check_workload(w, validator="builtin", version=version)
+    findings = report["findings"]
+    if not given:
+        findings = [f for f in findings if f["severity"] == "error"]
+    return {"ok": not any(f["severity"] == "error" for f in findings),
+            "validator": report.get("validator", "builtin"), "version": report.get("version", version),
+            "checked_against": "workload" if given else "baseline", "findings": findings}
+
+
+# ---------------------------------------------------------------- output
+def _output_path(args):
+    """Validate --output before any work: never overwrite without --force (exit 2)."""
+    if not args.output:
+        if args.force:
+            raise InputError("--force", "only with --output")
+        return None
+    path = Path(args.output)
+    if path.is_dir():
+        raise InputError("--output", f"{path} is a directory")
+    if path.exists() and not args.force:
+        raise InputError("--output", f"{path} exists; pass --force to overwrite it")
+    if not path.parent.is_dir():
+        raise InputError("--output", f"no such directory: {path.parent}")
+    return path
+
+
+def _refusal_text(setting, check: dict) -> str:
+    lines = [f"refused: {setting.describe()} breaks "
+             + ("this workload's" if check["checked_against"] == "workload" else "its own")
+             + " constraints:"]
+    for f in check["findings"]:
+        if f["severity"] == "error":
+            lines.append(f"  {f['id']}: {f['message']}")
+            lines.append(f"    fix: {f['fix']}")
+    return "\n".join(lines)
+
+
+def run(args) -> int:
+    import json
+
+    from mbridge_recompute import labels, snippets
+
+    version = labels.resolve_version(args.mcore_version) if args.mcore_version \
+        else labels.target_version()
+    setting = setting_from_args(args, version)
+    out_path = _output_path(args)
+    fields = snippets.written_fields(setting)
+    wanted = None
+    if not args.json or out_path:
+        try:
+            wanted = snippets.render(setting, args.format)
+        except snippets.NotExpressible as exc:
+            raise InputError("--format", f"{exc.fmt} cannot express {setting.describe()}: "
+                             f"{exc.reason}") from None
+
+    check = check_setting(setting, args, version)
+    report: dict = {"ok": check["ok"], "setting": fields, "name": setting.name(),
+                    "description": setting.describe(), "check": check}
+    if not check["ok"]:
+        report["refused"] = [f for f in check["findings"] if f["severity"] == "error"]
+        if args.json:
+            sys.stdout.write(json.dumps(report, indent=2, default=str) + "\n")
+        sys.stderr.write(_refusal_text(setting, check) + "\n")
+        return EXIT_PROBLEM
+
+    for f in check["findings"]:
+        sys.stderr.write(f"{f['severity']}: {f['id']}: {f['message']} (fix: {f['fix']})\n")
+    if check["checked_against"] == "baseline":
+        sys.stderr.write("note: no workload given; checked the setting's own constraints only "
+                         "(give WORKLOAD.yaml or --model for the full check)\n")
+
+    if out_path:
+        out_path.write_text(snippets.as_text(wanted), encoding="utf-8")
+        sys.stderr.write(f"wrote the {args.format} snippet to {out_path}\n")
+
+    if args.json:
+        everything = snippets.render_all(setting)
+        unexpressible = everything.pop("unexpressible")
+        report["formats"] = everything
+        if unexpressible:
+            report["unexpressible"] = unexpressible
+        report["format"] = args.format
+        report["output"] = str(out_path) if out_path else None
+        sys.stdout.write(json.dumps(report, indent=2, default=str) + "\n")
+    elif not out_path:
+        sys.stdout.write(snippets.as_text(wanted))
+    return EXIT_OK
