@@ -1,0 +1,194 @@
+"""Schema of `card.yaml`: field names and types, checked without extra dependencies.
+
+The card is read by code (labels, rules), by SKILL.md's tables and by people, so
+a typo there is a bug everywhere. `validate(card)` returns a list of problems
+(empty when the card is well-formed); each names the path of the bad field, e.g.
+`evidence[1].rows[3].peak_allocated_gb: expected a number, got 'n/a'`.
+
+Run on a file: `python3 -m mbridge_recompute.card_schema card.yaml` (exit 0 when
+valid, 1 with one problem per line otherwise).
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Any, Callable
+
+TOP_LEVEL = {
+    "schema_version": "int", "name": "str", "title": "str", "versions": "map",
+    "labels": "list", "constraints": "list", "evidence": "list", "limitations": "list",
+}
+SEVERITIES = {"error", "warning", "info"}
+EVIDENCE_KINDS = {"matched_sweep", "capacity_sweep", "historical"}
+# Conditions every evidence entry states, so that no number travels without its workload.
+EVIDENCE_CONDITIONS = ("model", "hardware", "precision", "parallelism", "seq_length",
+                       "micro_batch_size", "global_batch_size", "revisions", "steps",
+                       "memory_point", "time_window")
+ROW_NUMBERS = ("peak_allocated_gb", "peak_memory_gb", "step_time_ms", "tflops_per_gpu",
+               "delta_peak_pct", "delta_time_pct")
+
+
+def _type_ok(value: Any, kind: str) -> bool:
+    if kind == "str":
+        return isinstance(value, str) and value.strip() != ""
+    if kind == "int":
+        return isinstance(value, int) and not isinstance(value, bool)
+    if kind == "number":
+        return isinstance(value, (int, float)) and not isinstance(value, bool)
+    if kind == "bool":
+        return isinstance(value, bool)
+    if kind == "map":
+        return isinstance(value, dict)
+    if kind == "list":
+        return isinstance(value, list)
+    if kind == "strlist":
+        return isinstance(value, list) and all(isinstance(x, str) and x for x in value)
+    raise ValueError(kind)
+
+
+_NAMES = {"str": "a non-empty string", "int": "an integer", "number": "a number",
+          "bool": "true or false", "map": "a mapping", "list": "a list",
+          "strlist": "a list of non-empty strings"}
+
+
+class _Checker:
+    def __init__(self) -> None:
+        self.problems: list[str] = []
+
+    def bad(self, path: str, reason: str) -> None:
+        self.problems.append(f"{path}: {reason}")
+
+    def field(self, obj: dict, key: str, kind: str, path: str, required: bool = True) -> bool:
+        """True when the field is present and of the right type."""
+        if key not in obj or obj[key] is None:
+            if required:
+                self.bad(f"{path}.{key}", "missing")
+            return False
+        if not _type_ok(obj[key], kind):
+            self.bad(f"{path}.{key}", f"expected {_NAMES[kind]}, got {obj[key]!r}")
+            return False
+        return True
+
+    def entries(self, card: dict, key: str, check: Callable[[dict, str], None]) -> None:
+        seen: set = set()
+        for i, entry in enumerate(card.get(key) or []):
+            path = f"{key}[{i}]"
+            if not isinstance(entry, dict):
+                self.bad(path, f"expected a mapping, got {entry!r}")
+                continue
+            ident = entry.get("label" if key == "labels" else "id")
+            if ident in seen:
+                self.bad(path, f"duplicate {ident!r}")
+            seen.add(ident)
+            check(entry, path)
+
+
+def validate(card: Any) -> list[str]:
+    """Every problem in `card` (a parsed card.yaml), or [] when it is well-formed."""
+    c = _Checker()
+    if not isinstance(card, dict):
+        return [f"card: expected a mapping at the top level, got {type(card).__name__}"]
+    for key in sorted(set(card) - set(TOP_LEVEL)):
+        c.bad(key, f"unknown top-level key (known: {', '.join(TOP_LEVEL)})")
+    for key, kind in TOP_LEVEL.items():
+        c.field(card, key, kind, "card")
+    versions = set(card.get("versions") or {}) if isinstance(card.get("versions"), dict) else set()
+    for v, meta in (card.get("versions") or {}).items() if isinstance(card.get("versions"), dict) else ():
+        if not isinstance(meta, dict) or not _type_ok(meta.get("source"), "str"):
+            c.bad(f"versions.{v}", "needs a 'source' string naming the release or commit")
+
+    def label(e: dict, p: str) -> None:
+        c.field(e, "label", "str", p)
+        if c.field(e, "versions", "strlist", p):
+            if not e["versions"]:
+                c.bad(f"{p}.versions", "empty")
+            for v in set(e["versions"]) - versions:
+                c.bad(f"{p}.versions", f"{v!r} is not in the card's versions")
+        for key in ("boundary", "mechanism", "replay_cost", "source"):
+            c.field(e, key, "str", p)
+        c.field(e, "applies_to", "strlist", p)
+        c.field(e, "needs_te", "bool", p)
+        c.field(e, "caveats", "strlist", p, required=False)
+        c.field(e, "contains", "strlist", p, required=False)
+
+    def constraint(e: dict, p: str) -> None:
+        c.field(e, "id", "str", p)
+        if c.field(e, "severity", "str", p, required=False) and e["severity"] not in SEVERITIES:
+            c.bad(f"{p}.severity", f"{e['severity']!r} is not one of {sorted(SEVERITIES)}")
+        for key in ("condition", "message", "fix", "source", "kind", "type", "summary"):
+            c.field(e, key, "str", p, required=False)
+        if c.field(e, "versions", "strlist", p, required=False):
+            for v in set(e["versions"]) - versions:
+                c.bad(f"{p}.versions", f"{v!r} is not in the card's versions")
+
+    def evidence(e: dict, p: str) -> None:
+        for key in ("id", "title", "source", "reading", "control"):
+            c.field(e, key, "str", p)
+        if c.field(e, "kind", "str", p) and e["kind"] not in EVIDENCE_KINDS:
+            c.bad(f"{p}.kind", f"{e['kind']!r} is not one of {sorted(EVIDENCE_KINDS)}")
+        if c.field(e, "conditions", "map", p):
+            for key in EVIDENCE_CONDITIONS:
+                if key in ("seq_length", "micro_batch_size", "global_batch_size"):
+                    c.field(e["conditions"], key, "int", f"{p}.conditions")
+                elif key == "steps":
+                    cond = e["conditions"]
+                    if key not in cond or not (_type_ok(cond[key], "int") or _type_ok(cond[key], "str")):
+                        c.bad(f"{p}.conditions.steps", "missing (an integer, or 'not stated')")
+                else:
+                    c.field(e["conditions"], key, "str", f"{p}.conditions")
+        c.field(e, "limits", "strlist", p)
+        if c.field(e, "rows", "list", p):
+            if not e["rows"]:
+                c.bad(f"{p}.rows", "empty")
+            for j, row in enumerate(e["rows"]):
+                rp = f"{p}.rows[{j}]"
+                if not isinstance(row, dict):
+                    c.bad(rp, f"expected a mapping, got {row!r}")
+                    continue
+                if "modules" not in row or not _type_ok(row["modules"], "strlist"):
+                    c.bad(f"{rp}.modules", "expected a list of labels ([] for the control)")
+                c.field(row, "outcome", "str", rp)
+                for key in ROW_NUMBERS:
+                    c.field(row, key, "number", rp, required=False)
+                c.field(row, "peak_after_iteration", "int", rp, required=False)
+                c.field(row, "approximate", "bool", rp, required=False)
+                c.field(row, "note", "str", rp, required=False)
+                for key in set(row) - {"modules", "outcome", "peak_after_iteration",
+                                       "approximate", "note", *ROW_NUMBERS}:
+                    c.bad(f"{rp}.{key}", "unknown row field")
+
+    def limitation(e: dict, p: str) -> None:
+        c.field(e, "id", "str", p)
+        c.field(e, "text", "str", p)
+
+    c.entries(card, "labels", label)
+    c.entries(card, "constraints", constraint)
+    c.entries(card, "evidence", evidence)
+    c.entries(card, "limitations", limitation)
+    return c.problems
+
+
+def check_file(path: str | Path) -> list[str]:
+    import yaml
+
+    try:
+        data = yaml.safe_load(Path(path).read_text(encoding="utf-8"))
+    except (OSError, yaml.YAMLError) as exc:
+        return [f"{path}: {exc}".splitlines()[0]]
+    return validate(data)
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if len(argv) != 1 or argv[0] in ("-h", "--help"):
+        sys.stdout.write("usage: python3 -m mbridge_recompute.card_schema CARD.yaml\n")
+        return 0 if argv and argv[0] in ("-h", "--help") else 2
+    problems = check_file(argv[0])
+    for line in problems:
+        sys.stderr.write(line + "\n")
+    return 1 if problems else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
