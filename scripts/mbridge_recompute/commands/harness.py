@@ -1,0 +1,151 @@
+"""`harness`: build (default, --dry-run) or launch (--launch) a matched recompute sweep."""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+from mbridge_recompute.errors import EXIT_OK, EXIT_PROBLEM, InputError
+from mbridge_recompute.output import emit, table
+
+DESCRIPTION = """\
+Build a matched sweep of Megatron Bridge's performance harness: one run per
+recompute candidate, everything else identical. The Bridge harness arguments
+after '--' are passed unchanged to every run; only the recompute tokens, the
+run name (-wdj) and the config dump path differ. Prints the exact argv of every
+run (default, --dry-run); --launch runs them one after another."""
+
+EPILOG = """\
+candidates: '[]' (selective, empty list: the matched control), 'core_attn',
+'layernorm,moe_act' (one comma-separated token), 'uniform:N', 'block:N', 'none'.
+
+examples:
+  run_harness.py --repo ~/Megatron-Bridge --candidates '[]' core_attn moe_act layernorm,moe_act \\
+      -- -m deepseek -mr moonlight_16b -ng 8 -g h100 -c bf16 -gb 64 -sl 4096 -ms 20
+  run_harness.py --repo ~/Megatron-Bridge --from-plan plan.json --json -- -m llama -mr llama3_8b -ng 8 -g h100 -gb 128 -sl 8192
+  run_harness.py --repo ~/Megatron-Bridge --candidates '[]' block:4 --launch --out runs/llama --timeout 3600 -- ...
+
+exit codes: 0 every run built (and, with --launch, exited 0); 1 a run failed, timed out,
+was interrupted, or the checkout's parser rejected an argv; 2 unusable input."""
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--repo", required=True, help="Megatron-Bridge checkout (the runs start from its root)")
+    src = p.add_mutually_exclusive_group(required=True)
+    src.add_argument("--candidates", nargs="+", metavar="CANDIDATE", help="recompute settings to sweep")
+    src.add_argument("--from-plan", metavar="PLAN.json",
+                     help="take the candidates a `plan --json` report proposes (frontier + recommendation)")
+    p.add_argument("--no-control", action="store_true",
+                   help="with --from-plan: do not add the '[]' control run")
+    p.add_argument("--launcher", choices=["local", "slurm"], default="local",
+                   help="local: torchrun on this node (default); slurm: Bridge's setup_experiment.py")
+    p.add_argument("--gbs", type=int, help="pin global batch size (-gb) when the harness arguments lack it")
+    p.add_argument("--seq", type=int, help="pin sequence length (-sl) when the harness arguments lack it")
+    p.add_argument("--env", action="append", default=[], metavar="KEY=VALUE",
+                   help="extra environment for every run (repeatable)")
+    p.add_argument("--out", default="recompute-runs", help="directory for the run directories (default: %(default)s)")
+    p.add_argument("--name-prefix", default="recompute", help="prefix of each run's -wdj name (default: %(default)s)")
+    p.add_argument("--python", default="python", help="interpreter for setup_experiment.py (slurm launcher)")
+    p.add_argument("--torchrun", default="torchrun", help="torchrun executable (local launcher)")
+    mode = p.add_mutually_exclusive_group()
+    mode.add_argument("--dry-run", action="store_true", help="print the runs (default)")
+    mode.add_argument("--launch", action="store_true", help="run them, one after another")
+    p.add_argument("--timeout", type=float, metavar="SECONDS", help="end a run after this long (with --launch)")
+    p.add_argument("--grace", type=float, default=30.0, metavar="SECONDS",
+                   help="after SIGTERM, wait this long before SIGKILL (default: %(default)s)")
+    p.add_argument("--force", action="store_true", help="reuse non-empty run directories")
+    p.add_argument("--no-parser-check", action="store_true",
+                   help="do not parse the argv with the checkout's argument_parser.py")
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+    p.add_argument("passthrough", nargs="*", metavar="-- HARNESS_ARGS",
+                   help="Bridge harness arguments, after '--', identical for every run")
+
+
+def _env(pairs) -> dict:
+    out = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep or not key or not key.replace("_", "a").isalnum() or key[0].isdigit():
+            raise InputError("--env", f"{pair!r}: expected KEY=VALUE")
+        out[key] = value
+    return out
+
+
+def run(args) -> int:
+    # light start: nothing heavy is imported anywhere on this path
+    from mbridge_recompute import harness, parsercheck
+
+    if args.timeout is not None and args.timeout <= 0:
+        raise InputError("--timeout", "must be > 0 seconds")
+    if args.grace < 0:
+        raise InputError("--grace", "must be >= 0 seconds")
+    if args.from_plan:
+        settings = harness.candidates_from_plan(args.from_plan, with_control=not args.no_control)
+    else:
+        settings = harness.parse_candidates(args.candidates)
+    sweep = harness.build_sweep(args.repo, settings, args.passthrough, out_dir=args.out,
+                                launcher=args.launcher, gbs=args.gbs, seq=args.seq, env=_env(args.env),
+                                name_prefix=args.name_prefix, python=args.python, torchrun=args.torchrun)
+    if args.no_parser_check:
+        check = {"checked": False, "reason": "--no-parser-check", "runs": {}}
+    else:
+        check = parsercheck.check_runs(sweep.repo, sweep.runs)
+    rejected = {n: r["problems"] for n, r in check["runs"].items() if not r["ok"]}
+
+    report = {"mode": "launch" if args.launch else "dry-run", "repo": sweep.repo, "launcher": sweep.launcher,
+              "passthrough": sweep.passthrough,
+              "parser_check": {"checked": check["checked"], "reason": check["reason"],
+                               "problems": rejected},
+              "notes": list(sweep.notes), "runs": [r.as_dict() for r in sweep.runs]}
+    for r in report["runs"]:
+        r["display"] = harness.display(next(x for x in sweep.runs if x.name == r["name"]))
+
+    if rejected:
+        report["ok"] = False
+        emit(report, args.json, _text)
+        return EXIT_PROBLEM
+    if not args.launch:
+        report["ok"] = True
+        emit(report, args.json, _text)
+        return EXIT_OK
+
+    from mbridge_recompute import launch
+    launch.prepare_run_dirs(sweep, args.force)
+    if not check["checked"]:
+        launch.stderr_progress(f"note: argv not parser-checked ({check['reason']})")
+    manifests = launch.launch_sweep(sweep, timeout=args.timeout, grace=args.grace, parser_check=check,
+                                    progress=launch.stderr_progress)
+    by_name = {m["name"]: m for m in manifests}
+    for r in report["runs"]:
+        m = by_name.get(r["name"])
+        r["status"] = m["status"] if m else "not-run"
+        for key in ("returncode", "timed_out", "interrupted", "started_at", "ended_at", "duration_s", "log"):
+            r[key] = m.get(key) if m else None
+        r["manifest"] = f"{r['run_dir']}/{launch.MANIFEST}" if m else None
+    report["ok"] = len(manifests) == len(sweep.runs) and all(m["returncode"] == 0 and m["status"] == "ok"
+                                                             for m in manifests)
+    emit(report, args.json, _text)
+    return EXIT_OK if report["ok"] else EXIT_PROBLEM
+
+
+def _text(report: dict) -> str:
+    lines = [f"{report['mode']}: {len(report['runs'])} runs, launcher {report['launcher']}, repo {report['repo']}"]
+    pc = report["parser_check"]
+    if pc["checked"]:
+        lines.append("argv parser-checked with the checkout's scripts/performance/argument_parser.py"
+                     + ("" if not pc["problems"] else ": REJECTED"))
+        for name, probs in pc["problems"].items():
+            lines += [f"  {name}: {p}" for p in probs]
+    else:
+        lines.append(f"argv NOT parser-checked: {pc['reason']}")
+    for note in report["notes"]:
+        lines.append(f"note: {note}")
+    if report["mode"] == "launch":
+        lines.append("")
+        lines.append(table(["run", "candidate", "status", "exit", "seconds", "run dir"],
+                           [[r["name"], r["candidate"], r["status"], r["returncode"], r["duration_s"],
+                             r["run_dir"]] for r in report["runs"]], "llllrl"))
+    else:
+        for r in report["runs"]:
+            lines += ["", f"# {r['name']}: {r['candidate']}", r["display"]]
+    return "\n".join(lines)
