@@ -20,6 +20,9 @@ TOP_LEVEL = {
     "labels": "list", "constraints": "list", "evidence": "list", "limitations": "list",
 }
 SEVERITIES = {"error", "warning", "info"}
+# where a rule bites: TransformerConfig, Megatron-LM training arguments, the first forward,
+# nowhere (a label that silently does nothing), or guidance without an upstream check
+CONSTRAINT_KINDS = {"config", "training-args", "runtime", "silent-no-op", "advice"}
 EVIDENCE_KINDS = {"matched_sweep", "capacity_sweep", "historical"}
 # Conditions every evidence entry states, so that no number travels without its workload.
 EVIDENCE_CONDITIONS = ("model", "hardware", "precision", "parallelism", "seq_length",
@@ -32,6 +35,8 @@ ROW_NUMBERS = ("peak_allocated_gb", "peak_memory_gb", "step_time_ms", "tflops_pe
 def _type_ok(value: Any, kind: str) -> bool:
     if kind == "str":
         return isinstance(value, str) and value.strip() != ""
+    if kind == "text":
+        return isinstance(value, str)
     if kind == "int":
         return isinstance(value, int) and not isinstance(value, bool)
     if kind == "number":
@@ -47,7 +52,7 @@ def _type_ok(value: Any, kind: str) -> bool:
     raise ValueError(kind)
 
 
-_NAMES = {"str": "a non-empty string", "int": "an integer", "number": "a number",
+_NAMES = {"str": "a non-empty string", "text": "a string", "int": "an integer", "number": "a number",
           "bool": "true or false", "map": "a mapping", "list": "a list",
           "strlist": "a list of non-empty strings"}
 
@@ -93,8 +98,9 @@ def validate(card: Any) -> list[str]:
         c.bad(key, f"unknown top-level key (known: {', '.join(TOP_LEVEL)})")
     for key, kind in TOP_LEVEL.items():
         c.field(card, key, kind, "card")
-    versions = set(card.get("versions") or {}) if isinstance(card.get("versions"), dict) else set()
-    for v, meta in (card.get("versions") or {}).items() if isinstance(card.get("versions"), dict) else ():
+    version_map = card.get("versions") if isinstance(card.get("versions"), dict) else {}
+    versions = set(version_map)
+    for v, meta in version_map.items():
         if not isinstance(meta, dict) or not _type_ok(meta.get("source"), "str"):
             c.bad(f"versions.{v}", "needs a 'source' string naming the release or commit")
 
@@ -113,12 +119,17 @@ def validate(card: Any) -> list[str]:
         c.field(e, "contains", "strlist", p, required=False)
 
     def constraint(e: dict, p: str) -> None:
-        c.field(e, "id", "str", p)
-        if c.field(e, "severity", "str", p, required=False) and e["severity"] not in SEVERITIES:
+        for key in ("id", "condition", "source", "fix"):
+            c.field(e, key, "str", p)
+        # an upstream assert without a message is a real case, so '' is allowed here
+        c.field(e, "message", "text", p)
+        if c.field(e, "severity", "str", p) and e["severity"] not in SEVERITIES:
             c.bad(f"{p}.severity", f"{e['severity']!r} is not one of {sorted(SEVERITIES)}")
-        for key in ("condition", "message", "fix", "source", "kind", "type", "summary"):
-            c.field(e, key, "str", p, required=False)
-        if c.field(e, "versions", "strlist", p, required=False):
+        if c.field(e, "kind", "str", p) and e["kind"] not in CONSTRAINT_KINDS:
+            c.bad(f"{p}.kind", f"{e['kind']!r} is not one of {sorted(CONSTRAINT_KINDS)}")
+        if c.field(e, "versions", "strlist", p):
+            if not e["versions"]:
+                c.bad(f"{p}.versions", "empty")
             for v in set(e["versions"]) - versions:
                 c.bad(f"{p}.versions", f"{v!r} is not in the card's versions")
 
@@ -152,7 +163,10 @@ def validate(card: Any) -> list[str]:
                 for key in ROW_NUMBERS:
                     c.field(row, key, "number", rp, required=False)
                 c.field(row, "peak_after_iteration", "int", rp, required=False)
-                c.field(row, "approximate", "bool", rp, required=False)
+                # names of this row's values that the source gives only approximately ("≈ 704")
+                if c.field(row, "approximate", "strlist", rp, required=False):
+                    for key in set(row["approximate"]) - set(ROW_NUMBERS):
+                        c.bad(f"{rp}.approximate", f"{key!r} is not a numeric row field")
                 c.field(row, "note", "str", rp, required=False)
                 for key in set(row) - {"modules", "outcome", "peak_after_iteration",
                                        "approximate", "note", *ROW_NUMBERS}:

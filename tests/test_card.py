@@ -1,0 +1,364 @@
+"""The card is well-formed, the top-level copy is the package's, and the guide agrees with it.
+
+Facts live once, in scripts/mbridge_recompute/data/card.yaml. SKILL.md and
+references/evidence.md repeat the label table and the evidence tables for readers;
+these tests fail as soon as either drifts from the card. After editing the card,
+refresh the top-level copy with:
+
+    cp scripts/mbridge_recompute/data/card.yaml card.yaml
+"""
+
+from __future__ import annotations
+
+import copy
+import re
+import shutil
+from pathlib import Path
+
+import pytest
+import yaml
+
+from conftest import ROOT
+from mbridge_recompute import card
+from mbridge_recompute.card_schema import check_file, validate
+
+PACKAGE_CARD = card.CARD_PATH
+TOP_CARD = ROOT / "card.yaml"
+SKILL = ROOT / "SKILL.md"
+EVIDENCE_DOC = ROOT / "references" / "evidence.md"
+
+
+# ---------------------------------------------------------------- markdown parsing
+
+def _cells(line: str) -> list[str]:
+    return [c.strip() for c in line.strip().strip("|").split("|")]
+
+
+def parse_table(lines: list[str], start: int) -> list[dict]:
+    """The markdown table whose header is at or after line `start`, as a list of row dicts."""
+    i = start
+    while i < len(lines) and not lines[i].lstrip().startswith("|"):
+        i += 1
+    header = _cells(lines[i])
+    rows = []
+    for line in lines[i + 2:]:
+        if not line.lstrip().startswith("|"):
+            break
+        rows.append(dict(zip(header, _cells(line))))
+    return rows
+
+
+def modules_of(cell: str) -> list[str]:
+    names = re.findall(r"`([^`]*)`", cell)
+    return [] if names == ["[]"] else names
+
+
+# ---------------------------------------------------------------- evidence tables
+
+OUTCOME_TEXT = {
+    "completed": "completed",
+    "oom_after_iteration_1": "OOM after iteration 1",
+    "oom_in_iteration_1": "OOM in iteration 1",
+    "oom_rank0": "OOM on rank 0",
+}
+# table header (lower-cased, by substring, first match wins) -> card row key
+HEADER_KEYS = [
+    ("selective modules", "modules"),
+    ("outcome", "outcome"),
+    ("peak allocated", "peak_allocated_gb"),
+    ("peak (gb)", "peak_memory_gb"),
+    ("after it", "peak_after_iteration"),
+    ("step time", "step_time_ms"),
+    ("tflop/s/gpu", "tflops_per_gpu"),
+    ("δ peak", "delta_peak_pct"),
+    ("δ time", "delta_time_pct"),
+]
+NUMERIC_KEYS = ("peak_allocated_gb", "peak_memory_gb", "peak_after_iteration", "step_time_ms",
+                "tflops_per_gpu", "delta_peak_pct", "delta_time_pct")
+
+
+def _key_of(header: str) -> str | None:
+    h = header.lower()
+    for needle, key in HEADER_KEYS:
+        if needle in h:
+            return key
+    return None
+
+
+def _number(cell: str) -> tuple[float, bool]:
+    approx = "≈" in cell
+    text = cell.replace("≈", "").replace("−", "-").replace("%", "").replace("+", "").strip()
+    return float(text), approx
+
+
+def evidence_tables(text: str) -> dict[str, list[dict]]:
+    lines = text.splitlines()
+    out = {}
+    for i, line in enumerate(lines):
+        m = re.match(r"\s*<!-- card:evidence (\S+) -->", line)
+        if m:
+            out[m.group(1)] = parse_table(lines, i + 1)
+    return out
+
+
+def evidence_mismatches(doc_text: str, card_data: dict) -> list[str]:
+    """Every way the doc's evidence tables differ from the card's evidence rows."""
+    problems = []
+    tables = evidence_tables(doc_text)
+    for entry in card_data["evidence"]:
+        eid = entry["id"]
+        if eid not in tables:
+            problems.append(f"{eid}: no table marked <!-- card:evidence {eid} -->")
+            continue
+        doc_rows = {tuple(modules_of(r[next(iter(r))])): r for r in tables[eid]}
+        card_rows = {tuple(r["modules"]): r for r in entry["rows"]}
+        for missing in card_rows.keys() - doc_rows.keys():
+            problems.append(f"{eid}: card row {list(missing)} is not in the table")
+        for extra in doc_rows.keys() - card_rows.keys():
+            problems.append(f"{eid}: table row {list(extra)} is not in the card")
+        for mods in card_rows.keys() & doc_rows.keys():
+            crow, drow = card_rows[mods], doc_rows[mods]
+            where = f"{eid} {list(mods)}"
+            shown = set()
+            for header, cell in drow.items():
+                key = _key_of(header)
+                if key in (None, "modules"):
+                    continue
+                shown.add(key)
+                if key == "outcome":
+                    want = OUTCOME_TEXT.get(crow["outcome"], f"<no text for {crow['outcome']}>")
+                    if cell != want:
+                        problems.append(f"{where}: outcome {cell!r}, card says {want!r}")
+                    continue
+                if cell == "control":
+                    if mods != () or crow.get(key) not in (0, 0.0, None):
+                        problems.append(f"{where}: {key} shown as control")
+                    continue
+                if cell in ("–", "-", ""):
+                    if crow.get(key) is not None:
+                        problems.append(f"{where}: {key} missing in the table, card has {crow[key]}")
+                    continue
+                try:
+                    value, approx = _number(cell)
+                except ValueError:
+                    problems.append(f"{where}: {key} cell {cell!r} is not a number")
+                    continue
+                if crow.get(key) is None or abs(value - crow[key]) > 1e-9:
+                    problems.append(f"{where}: {key} {value} in the table, card has {crow.get(key)}")
+                if approx != (key in crow.get("approximate", [])):
+                    problems.append(f"{where}: {key} approximate={approx} in the table, card "
+                                    f"approximate={crow.get('approximate', [])}")
+            for key in NUMERIC_KEYS:
+                if crow.get(key) is not None and key not in shown and not (
+                        key.startswith("delta") and mods == ()):
+                    problems.append(f"{where}: card value {key}={crow[key]} has no column")
+    return problems
+
+
+# ---------------------------------------------------------------- label table
+
+def label_table(text: str) -> list[dict]:
+    lines = text.splitlines()
+    start = lines.index("## Labels")
+    for i in range(start, len(lines)):
+        if lines[i].startswith("| label |"):
+            return parse_table(lines, i)
+    raise AssertionError("SKILL.md ## Labels has no '| label |' table")
+
+
+def label_mismatches(skill_text: str, card_data: dict) -> list[str]:
+    problems = []
+    rows = {modules_of(r["label"])[0]: r for r in label_table(skill_text)}
+    entries = {e["label"]: e for e in card_data["labels"]}
+    for name in entries.keys() - rows.keys():
+        problems.append(f"card label {name} is not in SKILL.md's table")
+    for name in rows.keys() - entries.keys():
+        problems.append(f"SKILL.md label {name} is not in the card")
+    for name in entries.keys() & rows.keys():
+        row, entry = rows[name], entries[name]
+        for version in card_data["versions"]:
+            if version not in row:
+                problems.append(f"SKILL.md's label table has no column {version!r}")
+                continue
+            shown = row[version] == "yes"
+            if shown != (version in entry["versions"]):
+                problems.append(f"{name} @ {version}: SKILL.md says {row[version]!r}, "
+                                f"card versions {entry['versions']}")
+        te = row.get("TE at runtime")
+        if te != ("yes" if entry["needs_te"] else "no"):
+            problems.append(f"{name}: SKILL.md 'TE at runtime' {te!r}, card needs_te {entry['needs_te']}")
+    return problems
+
+
+# ---------------------------------------------------------------- the tests
+
+def test_card_matches_its_schema():
+    assert check_file(PACKAGE_CARD) == []
+
+
+def test_top_level_card_is_a_byte_identical_copy_of_the_package_card():
+    assert TOP_CARD.read_bytes() == PACKAGE_CARD.read_bytes(), (
+        "card.yaml differs from scripts/mbridge_recompute/data/card.yaml; "
+        "run: cp scripts/mbridge_recompute/data/card.yaml card.yaml")
+
+
+def test_top_level_card_copy_check_fails_when_the_copy_drifts(tmp_path):
+    drifted = tmp_path / "card.yaml"
+    shutil.copyfile(TOP_CARD, drifted)
+    drifted.write_text(drifted.read_text().replace("36.618", "36.619", 1))
+    assert drifted.read_bytes() != PACKAGE_CARD.read_bytes()
+
+
+@pytest.mark.parametrize("version", ["0.16.1", "main"])
+def test_skill_label_table_agrees_with_card_labels(version):
+    problems = [p for p in label_mismatches(SKILL.read_text(), card.load())
+                if version in p or "not in" in p or "TE at runtime" in p]
+    assert problems == []
+
+
+def test_label_check_fails_when_skill_table_drifts(tmp_path):
+    text = SKILL.read_text()
+    # mark a main-only label as present in 0.16.1
+    drifted = re.sub(r"(\| `mhc` \| )– \|", r"\1yes |", text, count=1)
+    assert drifted != text
+    (tmp_path / "SKILL.md").write_text(drifted)
+    problems = label_mismatches((tmp_path / "SKILL.md").read_text(), card.load())
+    assert any("mhc @ 0.16.1" in p for p in problems)
+    # and a label the card lacks
+    drifted2 = text.replace("| `mhc` |", "| `mhc_x` |", 1)
+    assert any("mhc_x" in p for p in label_mismatches(drifted2, card.load()))
+
+
+def test_skill_evidence_tables_agree_with_card_evidence():
+    assert evidence_mismatches(SKILL.read_text(), card.load()) == []
+
+
+def test_reference_evidence_tables_agree_with_card_evidence():
+    assert evidence_mismatches(EVIDENCE_DOC.read_text(), card.load()) == []
+
+
+def test_evidence_check_fails_when_a_number_drifts(tmp_path):
+    text = SKILL.read_text()
+    drifted = text.replace("| 466.26 |", "| 466.62 |", 1)
+    assert drifted != text
+    (tmp_path / "SKILL.md").write_text(drifted)
+    problems = evidence_mismatches((tmp_path / "SKILL.md").read_text(), card.load())
+    assert problems == ["moonlight_16b_selective_h100 ['moe_act']: step_time_ms 466.62 in the "
+                        "table, card has 466.26"]
+
+
+def test_evidence_check_fails_when_the_card_drifts(tmp_path):
+    data = copy.deepcopy(card.load())
+    data["evidence"][2]["rows"][1]["peak_memory_gb"] = 55.7
+    data["evidence"][1]["rows"][4]["outcome"] = "oom_in_iteration_1"
+    (tmp_path / "card.yaml").write_text(yaml.safe_dump(data, sort_keys=False))
+    drifted = yaml.safe_load((tmp_path / "card.yaml").read_text())
+    problems = evidence_mismatches(SKILL.read_text(), drifted)
+    assert any("llama3_70b_fp8_sft_h100 ['mlp']: peak_memory_gb" in p for p in problems)
+    assert any("nemotron3_nano_capacity_h100 ['moe']: outcome" in p for p in problems)
+
+
+def test_evidence_check_fails_when_a_row_or_approximation_drifts():
+    text = SKILL.read_text()
+    assert any("['mlp', 'core_attn']" in p for p in
+               evidence_mismatches(text.replace("| `mlp`, `core_attn` |", "| `core_attn`, `mlp` |"),
+                                   card.load()))
+    assert any("approximate" in p for p in
+               evidence_mismatches(text.replace("| ≈ 704 |", "| 704 |"), card.load()))
+
+
+def test_evidence_deltas_follow_from_the_raw_numbers():
+    """Each stated delta is (value / control − 1) · 100, rounded to two decimals."""
+    for entry in card.load()["evidence"]:
+        rows = {tuple(r["modules"]): r for r in entry["rows"]}
+        control = rows.get(())
+        for row in entry["rows"]:
+            for delta, raw in (("delta_peak_pct", "peak_allocated_gb"), ("delta_time_pct", "step_time_ms")):
+                if row.get(delta) is None:
+                    continue
+                assert control is not None, f"{entry['id']}: a delta needs a [] control row"
+                want = round((row[raw] / control[raw] - 1) * 100, 2)
+                assert row[delta] == pytest.approx(want, abs=0.006), (entry["id"], row["modules"], delta)
+
+
+def test_every_evidence_entry_states_its_workload():
+    for entry in card.load()["evidence"]:
+        cond = entry["conditions"]
+        for key in ("model", "hardware", "precision", "parallelism", "seq_length",
+                    "micro_batch_size", "global_batch_size", "revisions", "memory_point"):
+            assert cond.get(key) not in (None, ""), (entry["id"], key)
+        assert entry["limits"], entry["id"]
+
+
+# ---------------------------------------------------------------- the schema itself
+
+def _card() -> dict:
+    return copy.deepcopy(card.load())
+
+
+def test_schema_names_the_path_of_a_non_numeric_evidence_value():
+    data = _card()
+    data["evidence"][0]["rows"][1]["peak_allocated_gb"] = "n/a"
+    assert validate(data) == ["evidence[0].rows[1].peak_allocated_gb: expected a number, got 'n/a'"]
+
+
+def test_schema_rejects_unknown_top_level_keys_and_missing_sections():
+    data = _card()
+    data["evidense"] = []
+    del data["limitations"]
+    problems = validate(data)
+    assert any(p.startswith("evidense: unknown top-level key") for p in problems)
+    assert "card.limitations: missing" in problems
+
+
+def test_schema_rejects_a_label_version_the_card_does_not_declare():
+    data = _card()
+    data["labels"][0]["versions"] = ["0.16.1", "0.17"]
+    assert validate(data) == ["labels[0].versions: '0.17' is not in the card's versions"]
+
+
+def test_schema_rejects_duplicate_ids_and_bad_constraint_fields():
+    data = _card()
+    data["constraints"].append(dict(data["constraints"][0]))
+    data["constraints"][1]["severity"] = "fatal"
+    data["constraints"][2]["kind"] = "folklore"
+    problems = validate(data)
+    assert any("duplicate" in p and p.startswith(f"constraints[{len(data['constraints']) - 1}]")
+               for p in problems)
+    assert any(p.startswith("constraints[1].severity: 'fatal'") for p in problems)
+    assert any(p.startswith("constraints[2].kind: 'folklore'") for p in problems)
+
+
+def test_schema_requires_evidence_conditions_and_known_row_fields():
+    data = _card()
+    del data["evidence"][1]["conditions"]["hardware"]
+    data["evidence"][1]["rows"][0]["peak_gb"] = 1.0
+    problems = validate(data)
+    assert "evidence[1].conditions.hardware: missing" in problems
+    assert "evidence[1].rows[0].peak_gb: unknown row field" in problems
+
+
+def test_schema_requires_limitation_text():
+    data = _card()
+    data["limitations"][0] = {"id": "x"}
+    assert validate(data) == ["limitations[0].text: missing"]
+
+
+def test_schema_command_line_exit_codes(tmp_path):
+    import subprocess
+    import sys
+
+    from conftest import SCRIPTS
+
+    good = subprocess.run([sys.executable, "-m", "mbridge_recompute.card_schema", str(PACKAGE_CARD)],
+                          cwd=SCRIPTS, capture_output=True, text=True)
+    assert (good.returncode, good.stderr) == (0, "")
+    data = _card()
+    data["limitations"].append({"id": "y", "text": 3})
+    bad_path = tmp_path / "card.yaml"
+    bad_path.write_text(yaml.safe_dump(data))
+    bad = subprocess.run([sys.executable, "-m", "mbridge_recompute.card_schema", str(bad_path)],
+                         cwd=SCRIPTS, capture_output=True, text=True)
+    assert bad.returncode == 1
+    assert bad.stderr.strip().splitlines() == [
+        f"limitations[{len(data['limitations']) - 1}].text: expected a non-empty string, got 3"]
