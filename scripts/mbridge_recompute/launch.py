@@ -81,23 +81,53 @@ def _write_manifest(run_dir: Path, manifest: dict) -> None:
     os.replace(tmp, run_dir / MANIFEST)
 
 
+def _group_alive(pgid: int) -> bool:
+    """Whether any live (non-zombie) process is still in process group `pgid`."""
+    proc_dir = Path("/proc")
+    if not proc_dir.is_dir():
+        try:
+            os.killpg(pgid, 0)
+            return True
+        except ProcessLookupError:
+            return False
+    for stat in proc_dir.glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            continue
+        # after "(comm)": state, ppid, pgrp, ...
+        if len(fields) > 2 and fields[2] == str(pgid) and fields[0] not in ("Z", "X"):
+            return True
+    return False
+
+
 def _end_group(proc: subprocess.Popen, grace: float) -> str:
-    """SIGTERM the child's process group, SIGKILL it after `grace` seconds. Returns what it took."""
+    """SIGTERM the child's process group, SIGKILL what is left after `grace` seconds.
+
+    Returns "SIGTERM" when the whole group (torchrun and every rank) was gone
+    within the grace period, else "SIGKILL".
+    """
     try:
         os.killpg(proc.pid, signal.SIGTERM)
     except ProcessLookupError:
+        proc.wait()
         return "already-exited"
+    deadline = time.monotonic() + grace
+    how = "SIGKILL"
     try:
-        proc.wait(timeout=grace)
-        how = "SIGTERM"
-    except (subprocess.TimeoutExpired, KeyboardInterrupt, _Terminated):
-        # a second Ctrl-C while waiting only makes the end quicker
-        how = "SIGKILL"
-    # whatever the group leader did, no member of the group may outlive the run
-    try:
-        os.killpg(proc.pid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
+        while time.monotonic() < deadline:
+            proc.poll()
+            if proc.returncode is not None and not _group_alive(proc.pid):
+                how = "SIGTERM"
+                break
+            time.sleep(0.05)
+    except (KeyboardInterrupt, _Terminated):
+        pass  # a second Ctrl-C while waiting only makes the end quicker
+    if how == "SIGKILL":
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
     proc.wait()
     return how
 
