@@ -1,0 +1,876 @@
+"""The built-in rule table: every recompute constraint as a pure function of a Workload.
+
+No torch, no megatron: this is what `check --validator builtin` runs, and what
+the live validator adds for everything `TransformerConfig` cannot see
+(training arguments, runtime-only failures, silent no-ops).
+
+Each rule is registered under a card id (`card.yaml` holds its message,
+severity, fix and citation). Config rules also carry `order`: their position in
+megatron-core 0.16.1's `__post_init__` (model_parallel_config first, then
+transformer_config line numbers). `__post_init__` stops at the first failing
+check, so when several config rules fail, the lowest order is the one
+megatron-core raises; `Evaluation.first_error` names it.
+
+Transformer Engine. Three checks call `is_te_min_version` (tc:1248, 1601, 1607
+@ core_v0.16.1). With a known TE version they decide like megatron-core on the
+training nodes. With the version unknown they are reported as warnings (the
+intended rule). With `assume_te_absent=True` -- used to predict what the
+installed megatron-core raises on a machine without TE -- they fail the way
+0.16.1 does there: `TypeError` ('>=' between None and Version); main reports
+version 0.0.0 and raises the intended ValueError.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable, Optional
+
+from mbridge_recompute import card
+from mbridge_recompute.rules.findings import finding, report
+
+# Values of `te_version` that mean "Transformer Engine is not installed there".
+TE_ABSENT = frozenset({"none", "absent", "no", "missing", "0", "0.0.0"})
+
+# Position of the moe_layer_recompute override in __post_init__ (tc:1264-1266 @ core_v0.16.1):
+# checks after it see granularity "selective" and "moe" appended.
+MOE_LAYER_OVERRIDE_ORDER = 1264
+
+
+@dataclass
+class Hit:
+    detail: str
+    severity: Optional[str] = None     # override the card's severity
+    raises: Optional[str] = None       # override the rule's exception type
+
+
+@dataclass(frozen=True)
+class Rule:
+    id: str
+    fn: Callable[["State"], Optional[Hit]]
+    order: Optional[float] = None      # config rules: position in __post_init__
+    raises: Optional[str] = None       # config rules: exception type megatron-core raises
+
+
+RULES: list[Rule] = []
+
+
+def rule(cid: str, order: Optional[float] = None, raises: Optional[str] = None):
+    def register(fn):
+        RULES.append(Rule(cid, fn, order, raises))
+        return fn
+    return register
+
+
+def rule_ids() -> set[str]:
+    return {r.id for r in RULES}
+
+
+# ------------------------------------------------------------------ state
+class State:
+    """The workload as `__post_init__` sees it, plus derived facts the rules share."""
+
+    def __init__(self, w, version: str, te_version: Optional[str], assume_te_absent: bool):
+        self.w = w
+        self.version = version
+        self.assume_te_absent = assume_te_absent
+        te = te_version if te_version is not None else w.te_version
+        self.te_raw = te
+        self.te_absent = assume_te_absent or (te is not None and str(te).strip().lower() in TE_ABSENT)
+        self.te = None if self.te_absent or te is None else _parse_version(str(te))
+        self.after_override = False
+        self.extra = dict(w.extra_model or {})
+        self.scopes = _normalise_scopes(w.cuda_graph_scope, w.cuda_graph_impl)
+
+    # recompute fields, before / after the moe_layer_recompute override
+    @property
+    def g(self) -> Optional[str]:
+        if self.after_override and self.w.moe_layer_recompute and self.w.recompute_granularity != "full":
+            return "selective"
+        return self.w.recompute_granularity
+
+    @property
+    def mods(self) -> list:
+        mods = self.w.recompute_modules
+        mods = ["core_attn"] if mods is None else (list(mods) if not isinstance(mods, str) else mods)
+        if self.after_override and self.w.moe_layer_recompute and self.w.recompute_granularity != "full":
+            if "moe" not in mods:
+                mods = list(mods) + ["moe"]
+        return mods
+
+    def selective(self, *labels: str) -> list[str]:
+        """The given labels that are active (selective granularity and listed)."""
+        if self.g != "selective":
+            return []
+        return [lb for lb in labels if lb in self.mods]
+
+    @property
+    def graphs(self) -> bool:
+        return self.w.cuda_graph_impl not in (None, "none")
+
+    @property
+    def full_cudagraph(self) -> bool:
+        # tc:1798-1804 @ core_v0.16.1: whole-layer (empty scope) or full-iteration capture
+        return not self.scopes or "full_iteration" in self.scopes
+
+    @property
+    def moe_layers(self) -> int:
+        return sum("moe" in k for k in self.w.layer_kinds())
+
+    @property
+    def dense_layers(self) -> int:
+        return sum(k in ("attn+mlp", "mlp") for k in self.w.layer_kinds())
+
+    @property
+    def has_shared_experts(self) -> bool:
+        return self.w.moe_shared_expert_intermediate_size is not None
+
+    def te_min(self, minimum: str) -> Optional[bool]:
+        """True/False when the TE version is known (or assumed absent), None when unknown."""
+        if self.te_absent:
+            return False
+        if self.te is None:
+            return None
+        return self.te >= _parse_version(minimum)
+
+    def te_shown(self) -> str:
+        """What megatron-core prints as 'your version' (main: 0.0.0 without TE)."""
+        if self.te_absent:
+            return "None" if self.version == "0.16.1" else "0.0.0"
+        return str(self.te_raw)
+
+
+def _parse_version(text: str):
+    from packaging.version import InvalidVersion, Version
+
+    try:
+        return Version(text)
+    except InvalidVersion:
+        return None
+
+
+def _normalise_scopes(scope, impl) -> list[str]:
+    """cuda_graph_scope as __post_init__ leaves it (tc:1689-1736 @ core_v0.16.1)."""
+    if scope is None:
+        scopes: list[str] = []
+    elif isinstance(scope, str):
+        scopes = [s.strip() for s in scope.split(",") if s.strip()]
+    else:
+        scopes = [str(s) for s in scope]
+    if "full" in scopes:
+        scopes = []   # "full" == whole layer, deprecated spelling of []
+    if impl == "local" and ("moe_router" in scopes or "moe_preprocess" in scopes):
+        # local graphs do not tell router from preprocess: both are set (tc:1725-1735)
+        for s in ("moe_router", "moe_preprocess"):
+            if s not in scopes:
+                scopes.append(s)
+    return scopes
+
+
+def chunk_layer_counts(w) -> list[int]:
+    """Layers in each model chunk (pipeline stage / virtual stage): what
+    `recompute_num_layers` is measured against (`len(self.layers)`, tb:326 @ core_v0.16.1)."""
+    pp, vpp = w.pipeline_model_parallel_size, w.vpp
+    if pp == 1:
+        stages = [w.num_layers]
+    else:
+        first, last = w.num_layers_in_first_pipeline_stage, w.num_layers_in_last_pipeline_stage
+        rest, middle = w.num_layers, pp
+        if first is not None:
+            rest, middle = rest - first, middle - 1
+        if last is not None:
+            rest, middle = rest - last, middle - 1
+        per_middle = rest // middle if middle > 0 else 0
+        stages = ([first] if first is not None else []) + [per_middle] * max(middle, 0) \
+            + ([last] if last is not None else [])
+    return [max(s // vpp, 0) for s in stages]
+
+
+def _labels_allowed(version: str) -> list[str]:
+    from mbridge_recompute import labels
+
+    return labels.labels_for(version)
+
+
+def _fmt(labels) -> str:
+    return ", ".join(labels)
+
+
+# ================================================================== config rules
+# In the order of megatron-core 0.16.1 __post_init__ (ModelParallelConfig first).
+
+@rule("sp-needs-tp", order=1, raises="ValueError")
+def _sp_needs_tp(s: State):
+    if s.w.sequence_parallel and s.w.tensor_model_parallel_size <= 1:
+        return Hit("sequence_parallel=true with tensor_model_parallel_size=1")
+
+
+@rule("ep-tp-without-sp", order=2)
+def _ep_tp_without_sp(s: State):
+    w = s.w
+    if w.expert_model_parallel_size > 1 and w.tensor_model_parallel_size > 1 and not w.sequence_parallel:
+        return Hit(f"EP={w.expert_model_parallel_size} and TP={w.tensor_model_parallel_size} "
+                   "without sequence_parallel")
+
+
+@rule("shared-expert-overlap-needs-alltoall", order=1090, raises="ValueError")
+def _shared_overlap_dispatcher(s: State):
+    w = s.w
+    ok = ("alltoall",) if s.version == "0.16.1" else ("alltoall", "flex")
+    if s.has_shared_experts and w.moe_shared_expert_overlap and w.moe_token_dispatcher_type not in ok:
+        return Hit(f"moe_shared_expert_overlap with the {w.moe_token_dispatcher_type} dispatcher")
+
+
+@rule("cpu-offloading-layer-count", order=1137, raises="ValueError")
+def _cpu_off_layers(s: State):
+    w = s.w
+    if w.cpu_offloading and not 0 <= w.cpu_offloading_num_layers < w.num_layers:
+        return Hit(f"cpu_offloading_num_layers={w.cpu_offloading_num_layers} is not below "
+                   f"num_layers={w.num_layers}")
+
+
+@rule("cpu-offloading-with-pp", order=1144, raises="ValueError")
+def _cpu_off_pp(s: State):
+    if s.w.cpu_offloading and s.w.pipeline_model_parallel_size > 1:
+        return Hit(f"cpu_offloading with pipeline_model_parallel_size={s.w.pipeline_model_parallel_size}")
+
+
+@rule("cpu-offloading-with-recompute", order=1149, raises="ValueError")
+def _cpu_off_recompute(s: State):
+    if s.w.cpu_offloading and s.w.recompute_granularity is not None:
+        return Hit(f"cpu_offloading with recompute_granularity={s.w.recompute_granularity}")
+
+
+@rule("granularity-invalid", order=1155, raises="ValueError")
+def _granularity_invalid(s: State):
+    g = s.w.recompute_granularity
+    if g is not None and g not in ("full", "selective"):
+        return Hit(f"recompute_granularity={g!r}")
+
+
+@rule("method-invalid", order=1161, raises="ValueError")
+def _method_invalid(s: State):
+    w = s.w
+    if w.recompute_granularity is not None and w.recompute_method is not None \
+            and w.recompute_method not in ("block", "uniform"):
+        return Hit(f"recompute_method={w.recompute_method!r}")
+
+
+@rule("full-needs-method", order=1166, raises="ValueError")
+def _full_needs_method(s: State):
+    w = s.w
+    if w.recompute_granularity not in (None, "selective") and w.recompute_method is None:
+        return Hit(f"recompute_granularity={w.recompute_granularity} without recompute_method")
+
+
+@rule("full-needs-num-layers", order=1172, raises="ValueError")
+def _full_needs_num_layers(s: State):
+    w = s.w
+    if w.recompute_granularity not in (None, "selective") and w.recompute_num_layers is None:
+        return Hit(f"recompute_granularity={w.recompute_granularity} without recompute_num_layers")
+
+
+@rule("selective-with-num-layers", order=1179, raises="ValueError")
+def _selective_num_layers(s: State):
+    w = s.w
+    if w.recompute_granularity == "selective" and w.recompute_num_layers is not None:
+        return Hit(f"selective recompute with recompute_num_layers={w.recompute_num_layers}")
+
+
+@rule("distribute-saved-activations-with-sp", order=1187, raises="ValueError")
+def _distribute_sp(s: State):
+    w = s.w
+    if w.recompute_granularity is not None and w.distribute_saved_activations and w.sequence_parallel:
+        return Hit("distribute_saved_activations with sequence_parallel")
+
+
+@rule("modules-invalid-label", order=1207, raises="AssertionError")
+def _invalid_label(s: State):
+    if s.g != "selective" or len(s.mods) == 0:
+        return None
+    allowed = _labels_allowed(s.version)
+    bad = sorted(set(s.mods) - set(allowed))
+    if bad:
+        extra = " (a string is iterated character by character)" if isinstance(s.mods, str) else ""
+        return Hit(f"unknown label(s) {_fmt(bad)} for megatron-core {s.version}{extra}; "
+                   f"valid: {_fmt(allowed)}")
+
+
+@rule("moe-act-needs-grouped-gemm", order=1213, raises="ValueError")
+def _moe_act_grouped(s: State):
+    if s.selective("moe_act") and not s.w.moe_grouped_gemm:
+        return Hit("moe_act with moe_grouped_gemm=false")
+
+
+@rule("mla-up-proj-needs-mla", order=1218, raises="ValueError")
+def _mla_up_proj(s: State):
+    if s.selective("mla_up_proj") and not s.w.multi_latent_attention:
+        return Hit("mla_up_proj on a model without multi_latent_attention")
+
+
+@rule("gdn-norm-out-needs-gdn", order=1220, raises="ValueError")
+def _gdn_norm_out(s: State):
+    if s.selective("gdn_norm_out") and s.w.experimental_attention_variant not in ("gdn", "gdn2"):
+        return Hit("gdn_norm_out without experimental_attention_variant gdn/gdn2")
+
+
+@rule("core-attn-fused-attention", order=1224)
+def _core_attn_warning(s: State):
+    if not s.selective("core_attn"):
+        return None
+    default = " (the default when recompute_modules is null)" if s.w.recompute_modules is None else ""
+    if s.w.transformer_impl == "local":
+        return Hit(f"core_attn{default} with transformer_impl=local: unfused attention, so it drops the "
+                   "a*s^2 softmax probabilities - a real saving here", severity="info")
+    return Hit(f"core_attn{default} under Transformer Engine fused attention saves nothing and may add "
+               "memory: its checkpoint keeps v as a view that pins the fused QKV GEMM output "
+               "(code reading)")
+
+
+@rule("shared-experts-with-shared-expert-overlap", order=1232, raises="ValueError")
+def _shared_experts_overlap(s: State):
+    if s.selective("shared_experts") and s.has_shared_experts and s.w.moe_shared_expert_overlap:
+        return Hit("shared_experts with moe_shared_expert_overlap")
+
+
+@rule("fp8-delayed-moe-act-layernorm", order=1241, raises="ValueError")
+def _fp8_delayed(s: State):
+    hit = s.selective("moe_act", "layernorm")
+    if s.w.fp8 and hit and s.w.fp8_recipe == "delayed":
+        return Hit(f"{_fmt(hit)} with fp8 and fp8_recipe=delayed")
+
+
+@rule("fp8-moe-act-layernorm-needs-te-2-6", order=1248, raises="ValueError")
+def _fp8_te26(s: State):
+    hit = s.selective("moe_act", "layernorm")
+    if not (s.w.fp8 and hit and s.w.fp8_recipe != "delayed"):
+        return None
+    return _te_gate(s, "2.6.0dev0", f"{_fmt(hit)} with fp8 recipe {s.w.fp8_recipe}")
+
+
+def _te_gate(s: State, minimum: str, what: str) -> Optional[Hit]:
+    ok = s.te_min(minimum)
+    if ok:
+        return None
+    if ok is None:
+        return Hit(f"{what} needs Transformer Engine >= {minimum}; the TE version on the training "
+                   "nodes is unknown (set cluster.te_version)", severity="warning")
+    if s.assume_te_absent and s.version == "0.16.1":
+        return Hit(f"{what}: Transformer Engine is not installed, and megatron-core 0.16.1 then raises "
+                   "TypeError ('>=' not supported between 'NoneType' and 'Version') instead of the "
+                   f"intended check (needs TE >= {minimum})", raises="TypeError")
+    return Hit(f"{what} needs Transformer Engine >= {minimum}, have {s.te_shown()}")
+
+
+@rule("moe-layer-recompute-deprecated", order=1255)
+def _moe_layer_recompute_deprecated(s: State):
+    if not s.w.moe_layer_recompute:
+        return None
+    if s.w.recompute_granularity == "full":
+        return Hit("moe_layer_recompute=true (deprecated)")
+    before = s.w.recompute_modules
+    mods = ["core_attn"] if before is None else list(before)
+    after = mods + ([] if "moe" in mods else ["moe"])
+    return Hit(f"moe_layer_recompute=true silently becomes selective recompute of [{_fmt(after)}]"
+               + (" - core_attn included, from the default" if before is None else ""))
+
+
+@rule("moe-layer-recompute-with-full", order=1260, raises="ValueError")
+def _moe_layer_recompute_full(s: State):
+    if s.w.moe_layer_recompute and s.w.recompute_granularity == "full":
+        return Hit("moe_layer_recompute with full recompute")
+
+
+@rule("fine-grained-offloading-with-cpu-offloading", order=1268, raises="AssertionError")
+def _fg_cpu(s: State):
+    if s.w.fine_grained_activation_offloading and s.w.cpu_offloading:
+        return Hit("fine_grained_activation_offloading with cpu_offloading")
+
+
+@rule("fine-grained-offloading-needs-modules", order=1272, raises="AssertionError")
+def _fg_empty(s: State):
+    if s.w.fine_grained_activation_offloading and not s.w.offload_modules:
+        return Hit("fine_grained_activation_offloading with an empty offload_modules")
+
+
+_OFFLOAD_LABELS = {
+    "0.16.1": ("core_attn", "attn_proj", "expert_fc1", "moe_act", "attn_norm", "mlp_norm", "qkv_linear"),
+    "main": ("core_attn", "attn_proj", "expert_fc1", "moe_act", "attn_norm", "mlp_norm", "qkv_linear",
+             "fused_group_mlp", "gdp_qkv"),
+}
+
+
+@rule("offload-modules-invalid", order=1273, raises="AssertionError")
+def _fg_invalid(s: State):
+    if s.w.fine_grained_activation_offloading and s.w.offload_modules:
+        bad = sorted(set(s.w.offload_modules) - set(_OFFLOAD_LABELS[s.version]))
+        if bad:
+            return Hit(f"unknown offload_modules {_fmt(bad)}; valid: {_fmt(_OFFLOAD_LABELS[s.version])}")
+
+
+@rule("offload-attn-proj-without-core-attn", order=1287, raises="ValueError")
+def _fg_attn_proj(s: State):
+    mods = s.w.offload_modules or []
+    if s.w.fine_grained_activation_offloading and "attn_proj" in mods and "core_attn" not in mods:
+        return Hit("offload_modules has attn_proj without core_attn")
+
+
+@rule("moe-recompute-with-offloaded-moe-internals", order=1290, raises="AssertionError")
+def _moe_offload_main(s: State):
+    mods = set(s.w.offload_modules or [])
+    hit = sorted(mods & {"moe_act", "expert_fc1", "fused_group_mlp"})
+    if s.w.fine_grained_activation_offloading and s.selective("moe") and hit:
+        return Hit(f"moe recompute while offloading {_fmt(hit)}")
+
+
+@rule("fp8-input-store-needs-swiglu", order=1526, raises="ValueError")
+def _fp8_input_store(s: State):
+    if s.w.activation_func_fp8_input_store and not s.w.swiglu:
+        return Hit("activation_func_fp8_input_store without SwiGLU")
+
+
+@rule("moe-fp8-needs-te-1-7", order=1601, raises="ValueError")
+def _moe_fp8_te17(s: State):
+    if s.w.is_moe and s.w.fp8:
+        return _te_gate(s, "1.7.0.dev0", "MoE FP8 training")
+
+
+@rule("moe-fp8-grouped-gemm-needs-te-1-11", order=1607, raises="ValueError")
+def _moe_fp8_te111(s: State):
+    if s.w.is_moe and s.w.fp8 and s.w.moe_grouped_gemm:
+        # only reached when the TE >= 1.7 check passed, which implies a known version
+        if s.te_min("1.7.0.dev0"):
+            return _te_gate(s, "1.11.0", "FP8 grouped GEMM")
+
+
+@rule("cuda-graph-full-scope-deprecated", order=1705)
+def _full_scope(s: State):
+    scope = s.w.cuda_graph_scope
+    named_full = scope == "full" or (isinstance(scope, (list, tuple)) and "full" in scope) or \
+        (isinstance(scope, str) and "full" in scope.split(","))
+    if s.graphs and named_full:
+        return Hit(f"cuda_graph_impl={s.w.cuda_graph_impl} with cuda_graph_scope 'full' (whole layer)")
+
+
+@rule("cuda-graph-with-cpu-offloading", order=1722, raises="ValueError")
+def _graph_cpu_off(s: State):
+    if s.graphs and s.w.cpu_offloading:
+        return Hit(f"cuda_graph_impl={s.w.cuda_graph_impl} with cpu_offloading")
+
+
+@rule("te-graph-full-iteration-scope", order=1738, raises="AssertionError")
+def _te_full_iteration(s: State):
+    if s.w.cuda_graph_impl == "transformer_engine" and "full_iteration" in s.scopes:
+        return Hit("cuda_graph_impl=transformer_engine with full_iteration scope")
+
+
+@rule("cuda-graph-scope-moe-needs-moe", order=1751, raises="AssertionError")
+def _scope_moe_dense(s: State):
+    hit = [x for x in ("moe", "moe_router") if x in s.scopes]
+    if s.graphs and hit and (not s.w.num_moe_experts or s.w.num_moe_experts <= 1):
+        return Hit(f"cuda_graph_scope {_fmt(hit)} on a model without MoE")
+
+
+@rule("cuda-graph-scope-mlp-needs-dense", order=1759, raises="AssertionError")
+def _scope_mlp_moe(s: State):
+    w = s.w
+    if not (s.graphs and w.num_moe_experts and w.num_moe_experts > 1 and "mlp" in s.scopes):
+        return None
+    all_moe = w.moe_layer_freq == 1 or (isinstance(w.moe_layer_freq, list) and 0 not in w.moe_layer_freq)
+    if all_moe:
+        return Hit("cuda_graph_scope mlp on a model whose layers are all MoE")
+
+
+@rule("cuda-graph-scope-moe-needs-drop-padding", order=1767, raises="AssertionError")
+def _scope_moe_padding(s: State):
+    w = s.w
+    if not (s.graphs and w.num_moe_experts and w.num_moe_experts > 1 and "moe" in s.scopes):
+        return None
+    cf = w.moe_expert_capacity_factor
+    cf = None if cf is not None and cf < 0 else cf
+    if cf is None or not s.extra.get("moe_pad_expert_input_to_capacity", False):
+        return Hit("cuda_graph_scope moe without drop-and-pad MoE")
+
+
+@rule("full-recompute-needs-full-iteration-graph", order=1780, raises="AssertionError")
+def _full_graph(s: State):
+    if s.graphs and s.g is not None and s.g != "selective" and s.scopes != ["full_iteration"]:
+        where = f"scope {_fmt(s.scopes)}" if s.scopes else "whole-layer graphs"
+        return Hit(f"full recompute with cuda_graph_impl={s.w.cuda_graph_impl} and {where}")
+
+
+@rule("moe-recompute-with-te-moe-router-graph", order=1788, raises="AssertionError")
+def _moe_te_router(s: State):
+    if s.graphs and s.w.cuda_graph_impl == "transformer_engine" and s.selective("moe") \
+            and "moe_router" in s.scopes:
+        return Hit("moe recompute would straddle the moe_router graph (transformer_engine graphs)")
+
+
+@rule("attention-dropout-with-graphed-core-attn", order=1805, raises="AssertionError")
+def _attn_dropout(s: State):
+    if s.graphs and s.w.attention_dropout != 0.0 and s.selective("core_attn") and \
+            (s.full_cudagraph or "attn" in s.scopes):
+        return Hit(f"core_attn with attention_dropout={s.w.attention_dropout} inside a CUDA graph")
+
+
+@rule("hidden-dropout-with-graphed-mlp-moe", order=1812, raises="AssertionError")
+def _hidden_dropout(s: State):
+    if not (s.graphs and s.w.hidden_dropout != 0.0 and s.g == "selective"):
+        return None
+    hit = [lb for lb, sc in (("mlp", "mlp"), ("moe", "moe"))
+           if lb in s.mods and (s.full_cudagraph or sc in s.scopes)]
+    if hit:
+        return Hit(f"{_fmt(hit)} with hidden_dropout={s.w.hidden_dropout} inside a CUDA graph")
+
+
+@rule("jitter-with-graphed-moe", order=1821, raises="AssertionError")
+def _jitter(s: State):
+    if s.graphs and s.w.moe_input_jitter_eps is not None and s.selective("moe") and \
+            (s.full_cudagraph or "moe" in s.scopes):
+        return Hit("moe recompute with moe_input_jitter_eps inside a CUDA graph")
+
+
+@rule("ep-overlap-needs-vpp", order=1857, raises="AssertionError")
+def _ep_vpp(s: State):
+    w = s.w
+    if w.overlap_moe_expert_parallel_comm and w.pipeline_model_parallel_size > 1 \
+            and w.virtual_pipeline_model_parallel_size is None:
+        return Hit("EP overlap with pipeline parallelism but no virtual pipeline")
+
+
+@rule("ep-overlap-needs-ep", order=1863, raises="AssertionError")
+def _ep_ep(s: State):
+    if s.w.overlap_moe_expert_parallel_comm and s.w.expert_model_parallel_size <= 1:
+        return Hit("EP overlap with expert_model_parallel_size=1")
+
+
+@rule("ep-overlap-needs-alltoall-or-flex", order=1866, raises="AssertionError")
+def _ep_dispatcher(s: State):
+    if s.w.overlap_moe_expert_parallel_comm and s.w.moe_token_dispatcher_type not in ("alltoall", "flex"):
+        return Hit(f"EP overlap with the {s.w.moe_token_dispatcher_type} dispatcher")
+
+
+@rule("ep-overlap-with-full", order=1871, raises="AssertionError")
+def _ep_full(s: State):
+    if s.w.overlap_moe_expert_parallel_comm and s.g == "full":
+        return Hit("EP overlap with full recompute")
+
+
+@rule("ep-overlap-with-method", order=1874, raises="AssertionError")
+def _ep_method(s: State):
+    if s.w.overlap_moe_expert_parallel_comm and s.w.recompute_method is not None:
+        return Hit(f"EP overlap with recompute_method={s.w.recompute_method}")
+
+
+@rule("ep-overlap-with-num-layers", order=1877, raises="AssertionError")
+def _ep_num_layers(s: State):
+    if s.w.overlap_moe_expert_parallel_comm and s.w.recompute_num_layers is not None:
+        return Hit(f"EP overlap with recompute_num_layers={s.w.recompute_num_layers}")
+
+
+@rule("ep-overlap-with-moe-recompute", order=1880, raises="AssertionError")
+def _ep_moe_main(s: State):
+    # main tc:3030-3032 tests the list at any granularity
+    if s.w.overlap_moe_expert_parallel_comm and "moe" in s.mods:
+        return Hit("EP overlap with moe in recompute_modules")
+
+
+@rule("ep-overlap-needs-bf16", order=1882, raises="AssertionError")
+def _ep_bf16(s: State):
+    if s.w.overlap_moe_expert_parallel_comm and not (s.w.bf16 or s.w.fp16):
+        return Hit("EP overlap without bf16/fp16")
+
+
+@rule("ep-overlap-with-shared-expert-overlap", order=1886, raises="AssertionError")
+def _ep_shared(s: State):
+    if s.w.overlap_moe_expert_parallel_comm and s.w.moe_shared_expert_overlap:
+        return Hit("EP overlap with moe_shared_expert_overlap")
+
+
+@rule("ep-overlap-cuda-graph-scope", order=1898, raises="AssertionError")
+def _ep_graph(s: State):
+    if not (s.w.overlap_moe_expert_parallel_comm and s.graphs):
+        return None
+    bad_scope = [x for x in ("moe", "mlp") if x in s.scopes]
+    if s.version == "0.16.1":
+        if s.w.cuda_graph_impl != "transformer_engine" or bad_scope:
+            return Hit(f"EP overlap with cuda_graph_impl={s.w.cuda_graph_impl}"
+                       + (f" and scope {_fmt(bad_scope)}" if bad_scope else ""))
+    elif s.w.cuda_graph_impl == "transformer_engine" and bad_scope:
+        return Hit(f"EP overlap with transformer_engine graphs on {_fmt(bad_scope)}")
+
+
+@rule("delay-wgrad-needs-ep-overlap", order=1909, raises="AssertionError")
+def _delay_wgrad(s: State):
+    if s.w.delay_wgrad_compute and not s.w.overlap_moe_expert_parallel_comm:
+        return Hit("delay_wgrad_compute without EP overlap")
+
+
+# ================================================================== training arguments
+# megatron/training/arguments.py: TransformerConfig accepts these, the training loop does not.
+
+@rule("selective-with-method")
+def _selective_method(s: State):
+    if s.w.recompute_granularity == "selective" and s.w.recompute_method is not None:
+        return Hit(f"selective recompute with recompute_method={s.w.recompute_method}")
+
+
+@rule("distribute-needs-tp")
+def _distribute_tp(s: State):
+    if s.w.distribute_saved_activations and s.w.tensor_model_parallel_size <= 1:
+        return Hit("distribute_saved_activations with tensor_model_parallel_size=1")
+
+
+@rule("distribute-needs-full")
+def _distribute_full(s: State):
+    if s.w.distribute_saved_activations and s.w.recompute_granularity != "full":
+        return Hit(f"distribute_saved_activations with recompute_granularity={s.w.recompute_granularity}")
+
+
+@rule("distribute-needs-method")
+def _distribute_method(s: State):
+    if s.w.distribute_saved_activations and s.w.recompute_method is None:
+        return Hit("distribute_saved_activations without recompute_method")
+
+
+# ================================================================== runtime-only
+def _full(s: State, method: str) -> Optional[int]:
+    """recompute_num_layers when full recompute with `method` is configured, else None."""
+    w = s.w
+    if w.recompute_granularity == "full" and w.recompute_method == method and w.recompute_num_layers is not None:
+        return w.recompute_num_layers
+    return None
+
+
+@rule("uniform-num-layers-not-dividing-chunk")
+def _uniform_not_dividing(s: State):
+    n = _full(s, "uniform")
+    if n is None or n < 1:
+        return None
+    chunks = sorted(set(chunk_layer_counts(s.w)))
+    bad = [c for c in chunks if c % n]
+    if bad:
+        return Hit(f"uniform recompute_num_layers={n} does not divide the {_fmt(map(str, bad))} layers "
+                   "of a model chunk: the last group indexes past the chunk (IndexError in the first "
+                   "forward)")
+
+
+@rule("uniform-num-layers-below-one")
+def _uniform_below_one(s: State):
+    n = _full(s, "uniform")
+    if n is not None and n < 1:
+        return Hit(f"uniform recompute_num_layers={n}: the group loop never advances (training hangs)")
+
+
+@rule("block-num-layers-below-one")
+def _block_below_one(s: State):
+    n = _full(s, "block")
+    if n is not None and n < 1:
+        return Hit(f"block recompute_num_layers={n} recomputes no layer")
+
+
+@rule("block-num-layers-covers-chunk")
+def _block_covers(s: State):
+    n = _full(s, "block")
+    if n is None or n < 1:
+        return None
+    chunks = sorted(set(chunk_layer_counts(s.w)))
+    covered = [c for c in chunks if n >= c]
+    if covered:
+        more = " (larger values change nothing)" if any(n > c for c in covered) else ""
+        return Hit(f"block recompute_num_layers={n} >= the {_fmt(map(str, covered))} layers of a model "
+                   f"chunk: every layer of those chunks is recomputed{more}")
+
+
+@rule("num-layers-per-model-chunk")
+def _per_chunk(s: State):
+    w = s.w
+    if w.recompute_granularity != "full" or w.recompute_num_layers is None or w.recompute_num_layers < 1:
+        return None
+    uneven = w.num_layers_in_first_pipeline_stage or w.num_layers_in_last_pipeline_stage
+    if w.vpp > 1 or uneven:
+        chunks = sorted(set(chunk_layer_counts(w)))
+        return Hit(f"recompute_num_layers={w.recompute_num_layers} applies to each model chunk of "
+                   f"{_fmt(map(str, chunks))} layers (PP={w.pipeline_model_parallel_size}, VPP={w.vpp}), "
+                   f"not to the {w.num_layers // w.pipeline_model_parallel_size} layers of a pipeline rank")
+
+
+@rule("mtp-uniform-needs-one")
+def _mtp_uniform(s: State):
+    n = _full(s, "uniform")
+    if s.w.mtp_num_layers and n is not None and n != 1:
+        return Hit(f"MTP with uniform recompute_num_layers={n}")
+
+
+@rule("mtp-block-skips-recompute")
+def _mtp_block(s: State):
+    if s.w.mtp_num_layers and _full(s, "block") is not None:
+        return Hit("MTP with block recompute: the MTP layers keep all activations")
+
+
+@rule("moe-tp-without-sp")
+def _moe_tp_sp(s: State):
+    w = s.w
+    if w.is_moe and w.tensor_model_parallel_size > 1 and not w.sequence_parallel:
+        return Hit(f"MoE with TP={w.tensor_model_parallel_size} and no sequence_parallel: "
+                   "MoELayer.forward raises in training")
+
+
+@rule("label-needs-te")
+def _label_needs_te(s: State):
+    if s.assume_te_absent or not s.te_absent:
+        return None   # only when the user states TE is absent on the training nodes
+    hit = s.selective("layernorm", "moe_act")
+    if hit:
+        return Hit(f"{_fmt(hit)} needs Transformer Engine at runtime (CheckpointWithoutOutput calls "
+                   "FP8GlobalStateManager even in bf16); te_version says it is absent")
+
+
+@rule("fp8-moe-act-legacy-grouped-gemm")
+def _legacy_grouped(s: State):
+    if s.selective("moe_act") and s.w.is_moe and (s.w.fp8 or s.w.fp4) and \
+            s.extra.get("moe_use_legacy_grouped_gemm", False):
+        return Hit("moe_act with fp8/fp4 and the legacy GroupedMLP")
+
+
+@rule("cpu-offloading-needs-te")
+def _cpu_off_te(s: State):
+    if s.w.cpu_offloading and s.te_absent and not s.assume_te_absent:
+        return Hit("cpu_offloading while te_version says Transformer Engine is absent")
+
+
+# ================================================================== silent no-ops
+@rule("mlp-on-moe-layers")
+def _mlp_on_moe(s: State):
+    if not (s.selective("mlp") and s.w.is_moe):
+        return None
+    moe, dense = s.moe_layers, s.dense_layers
+    if dense == 0:
+        return Hit(f"mlp on a model whose {moe} layers are all MoE: nothing is recomputed")
+    return Hit(f"mlp applies only to the {dense} dense layers; the {moe} MoE layers ignore it",
+               severity="info")
+
+
+@rule("layernorm-on-te-dense-spec")
+def _layernorm_te_dense(s: State):
+    w = s.w
+    if s.selective("layernorm") and w.transformer_impl == "transformer_engine" and not w.is_moe \
+            and not w.multi_latent_attention and not w.hybrid_override_pattern:
+        return Hit("layernorm on the Transformer Engine dense spec: both norms are fused into "
+                   "TELayerNormColumnParallelLinear (IdentityOp), nothing is recomputed")
+
+
+@rule("moe-labels-on-dense-model")
+def _moe_labels_dense(s: State):
+    hit = s.selective("moe", "moe_act", "shared_experts")
+    if hit and not s.w.is_moe:
+        return Hit(f"{_fmt(hit)} on a model without MoE layers: nothing is recomputed")
+
+
+@rule("shared-experts-without-shared-experts")
+def _shared_without(s: State):
+    if s.selective("shared_experts") and s.w.is_moe and not s.has_shared_experts:
+        return Hit("shared_experts on a MoE model without shared experts")
+
+
+@rule("moe-with-local-cuda-graph")
+def _moe_local_graph(s: State):
+    if s.selective("moe") and s.w.is_moe and s.w.cuda_graph_impl == "local":
+        return Hit("moe with cuda_graph_impl=local: MoELayer skips its checkpoint")
+
+
+@rule("moe-under-ep-overlap")
+def _moe_ep_overlap(s: State):
+    if s.selective("moe") and s.w.is_moe and s.w.overlap_moe_expert_parallel_comm:
+        return Hit("moe under EP A2A overlap: the fine-grained callables bypass MoELayer.forward, "
+                   "nothing is recomputed")
+
+
+@rule("modules-ignored-without-selective")
+def _modules_ignored(s: State):
+    mods = s.w.recompute_modules
+    if mods is None or len(mods) == 0 or s.g == "selective":
+        return None
+    if s.g is None:
+        return Hit(f"recompute_modules [{_fmt(mods)}] without recompute_granularity: nothing is "
+                   "recomputed", severity="warning")
+    return Hit(f"recompute_modules [{_fmt(mods)}] is ignored under recompute_granularity={s.g}")
+
+
+@rule("pre-mlp-layernorm-with-moe-router-graph")
+def _pre_mlp_ln_graph(s: State):
+    w = s.w
+    if not (s.selective("layernorm") and w.is_moe and w.cuda_graph_impl == "transformer_engine"
+            and "moe_router" in s.scopes):
+        return None
+    if s.has_shared_experts and w.moe_shared_expert_overlap:
+        return Hit("layernorm with a moe_router graph and shared-expert overlap: the pre-MLP norm "
+                   "recompute is switched off")
+    if "moe_preprocess" in s.scopes and (w.moe_token_dispatcher_type == "alltoall"
+                                         or s.extra.get("moe_latent_size")):
+        return None
+    return Hit("layernorm with a moe_router graph (without moe_preprocess + alltoall): the pre-MLP "
+               "norm recompute is switched off")
+
+
+# ================================================================== evaluation
+@dataclass
+class Evaluation:
+    version: str
+    findings: list = field(default_factory=list)
+    first_error: Optional[dict] = None            # the config error megatron-core raises
+    warnings_before_error: list = field(default_factory=list)   # config warning ids it emits first
+
+    def verdict(self) -> tuple:
+        """("accept", None, None) or ("reject", id, exception type) for TransformerConfig."""
+        if self.first_error is None:
+            return ("accept", None, None)
+        return ("reject", self.first_error["id"], self.first_error.get("raises"))
+
+
+def _applies(cid: str, version: str) -> bool:
+    return version in [str(v) for v in card.constraint(cid)["versions"]]
+
+
+def evaluate(w, version: str = "0.16.1", te_version: Optional[str] = None,
+             assume_te_absent: bool = False) -> Evaluation:
+    s = State(w, version, te_version, assume_te_absent)
+    ev = Evaluation(version)
+    config_rules = sorted((r for r in RULES if r.order is not None), key=lambda r: r.order)
+    other_rules = [r for r in RULES if r.order is None]
+    for r in config_rules:
+        if not _applies(r.id, version):
+            continue
+        s.after_override = r.order > MOE_LAYER_OVERRIDE_ORDER
+        hit = r.fn(s)
+        if hit is None:
+            continue
+        f = finding(r.id, "builtin", hit.detail, severity=hit.severity)
+        if f["severity"] == "error":
+            f["raises"] = hit.raises or r.raises
+            if ev.first_error is None:
+                f["first"] = True
+                ev.first_error = f
+        elif ev.first_error is None and f["id"] != "cuda-graph-full-scope-deprecated":
+            ev.warnings_before_error.append(f["id"])
+        ev.findings.append(f)
+    for r in other_rules:
+        if not _applies(r.id, version):
+            continue
+        s.after_override = True   # what the model is built with
+        hit = r.fn(s)
+        if hit is not None:
+            ev.findings.append(finding(r.id, "builtin", hit.detail, severity=hit.severity))
+    return ev
+
+
+def check(w, version: str = "0.16.1", te_version: Optional[str] = None,
+          assume_te_absent: bool = False) -> dict:
+    ev = evaluate(w, version, te_version, assume_te_absent)
+    return report(ev.findings, "builtin", version)
+
+
+def order_of(cid: str) -> Optional[float]:
+    for r in RULES:
+        if r.id == cid:
+            return r.order
+    return None

@@ -1,0 +1,310 @@
+"""The live validator: the installed megatron-core decides what the config accepts.
+
+Builds the installed `TransformerConfig` (or `MLATransformerConfig`) from the
+workload, records the exception and every warning `__post_init__` emits (Python
+warnings and logger warnings), and maps each back to a card constraint by its
+message and, where messages are ambiguous or absent, by the source line that
+raised it. Built-in findings that a config cannot see (training arguments,
+runtime-only failures, silent no-ops, and config rules masked by the first
+error) are added, so `live` is a superset of `builtin`.
+
+Transformer Engine: when the workload states `te_version`, megatron-core is told
+that version through its own version cache (`megatron.core.utils._te_version`),
+so the TE-gated checks (tc:1248, 1601, 1607 @ core_v0.16.1) decide as on the
+training nodes. Without it, 0.16.1 on a machine without TE raises TypeError at
+the first such check; that is reported as "could not be decided here" (warning)
+and the checks after it come from the built-in table.
+
+Everything heavy (torch, megatron) is imported inside functions: importing this
+module is cheap.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import re
+import traceback
+import warnings
+from functools import lru_cache
+from pathlib import PurePath
+from typing import Optional
+
+from mbridge_recompute import card, labels
+from mbridge_recompute.rules import builtin
+from mbridge_recompute.rules.findings import finding, report
+
+CONFIG_FILES = {"tc": "transformer_config.py", "model_parallel_config.py": "model_parallel_config.py"}
+
+
+def mcore_available() -> bool:
+    """Is megatron-core installed (without importing it: that pulls torch)."""
+    return labels.installed_mcore_version() is not None
+
+
+def bridge_available() -> bool:
+    import importlib.util
+
+    try:
+        return importlib.util.find_spec("megatron.bridge") is not None
+    except (ImportError, ValueError):
+        return False
+
+
+# ------------------------------------------------------------------ building the config
+@dataclasses.dataclass
+class Outcome:
+    """What constructing the config did."""
+    exc_type: Optional[str] = None
+    exc_message: Optional[str] = None
+    exc_file: Optional[str] = None      # basename of the innermost config-file frame
+    exc_line: Optional[int] = None
+    warnings: list = dataclasses.field(default_factory=list)   # (message, file basename, line)
+    config: object = None
+
+
+def _activation(name: str):
+    import torch.nn.functional as F
+
+    if name in ("silu", "gelu", "relu", "sigmoid", "tanh"):
+        return getattr(F, name)
+    if name in ("squared_relu", "quick_gelu", "fast_gelu", "erf_gelu"):
+        from megatron.core import activations
+
+        fn = getattr(activations, name, None)
+        if fn is not None:
+            return fn
+    return F.gelu
+
+
+def config_kwargs(w) -> tuple:
+    """(config class, kwargs) for the installed megatron-core."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")   # import-time notices about missing TE / Apex
+        import torch
+        from megatron.core.transformer.transformer_config import MLATransformerConfig, TransformerConfig
+
+    cls = MLATransformerConfig if w.multi_latent_attention else TransformerConfig
+    names = {f.name for f in dataclasses.fields(cls)}
+    kwargs = {}
+    for key, value in w.model_fields().items():
+        if key not in names:
+            continue   # a field this megatron-core does not have (e.g. MLA dims on a GQA model)
+        kwargs[key] = list(value) if isinstance(value, list) else value   # __post_init__ mutates lists
+    kwargs["activation_func"] = _activation(w.activation_func)
+    if kwargs.get("offload_modules") is None and "offload_modules" in names:
+        kwargs["offload_modules"] = []
+    if w.pipeline_model_parallel_size > 1:
+        kwargs["pipeline_dtype"] = torch.bfloat16
+    return cls, kwargs
+
+
+class _LogCapture(logging.Handler):
+    def __init__(self):
+        super().__init__(level=logging.WARNING)
+        self.records: list = []
+
+    def emit(self, record):
+        self.records.append(record)
+
+
+def build(w, te_version: Optional[str] = None) -> Outcome:
+    """Construct the installed config for `w`; never raises for config errors."""
+    cls, kwargs = config_kwargs(w)   # imports megatron-core quietly first
+    import megatron.core.utils as mcore_utils
+
+    out = Outcome()
+    te = te_version if te_version is not None else w.te_version
+    saved_te = mcore_utils._te_version
+    if te is not None and str(te).strip().lower() not in builtin.TE_ABSENT:
+        from packaging.version import Version
+
+        mcore_utils._te_version = Version(str(te))
+    handler = _LogCapture()
+    root = logging.getLogger()
+    root.addHandler(handler)
+    try:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            try:
+                out.config = cls(**kwargs)
+            except Exception as exc:   # noqa: BLE001 - every config failure is a finding
+                out.exc_type = type(exc).__name__
+                out.exc_message = str(exc)
+                for frame, line in traceback.walk_tb(exc.__traceback__):
+                    base = PurePath(frame.f_code.co_filename).name
+                    if base in CONFIG_FILES.values():
+                        out.exc_file, out.exc_line = base, line
+    finally:
+        root.removeHandler(handler)
+        mcore_utils._te_version = saved_te
+    for wm in caught:
+        out.warnings.append((str(wm.message), PurePath(wm.filename).name, wm.lineno))
+    for rec in handler.records:
+        out.warnings.append((rec.getMessage(), PurePath(rec.pathname).name, rec.lineno))
+    return out
+
+
+# ------------------------------------------------------------------ mapping messages to card ids
+@lru_cache(maxsize=None)
+def _message_regex(message: str):
+    parts = re.split(r"\{[^}]*\}", message)
+    return re.compile(".*?".join(re.escape(p) for p in parts), re.DOTALL)
+
+
+_SOURCE = re.compile(r"([\w./]+):(\d+)(?:-(\d+))?\s*@\s*(\S+)")
+
+
+def _source_ranges(source: str, tag: str) -> list:
+    out = []
+    for m in _SOURCE.finditer(source):
+        file, start, end, at = m.group(1), int(m.group(2)), m.group(3), m.group(4)
+        if at.rstrip(";,") != tag:
+            continue
+        out.append((CONFIG_FILES.get(file, PurePath(file).name), start, int(end or start)))
+    return out
+
+
+def source_tag(mcore_version: Optional[str]) -> str:
+    return f"core_v{mcore_version}"
+
+
+def map_message(message: str, version: str, file: Optional[str] = None, line: Optional[int] = None,
+                mcore_version: Optional[str] = None, warning: bool = False) -> Optional[str]:
+    """The card constraint id megatron-core's `message` (raised at file:line) stands for."""
+    tag = source_tag(mcore_version or labels.installed_mcore_version())
+    pool = [c for c in card.constraints() if c["kind"] == "config"
+            and version in [str(v) for v in c["versions"]]
+            and (c["severity"] != "error") == warning]
+    by_message = [c["id"] for c in pool if _message_regex(c["message"]).fullmatch(message.strip())
+                  or _message_regex(c["message"]).fullmatch(message)]
+    by_line = [c["id"] for c in pool if file and line and
+               any(f == file and a <= line <= b for f, a, b in _source_ranges(c["source"], tag))]
+    both = [cid for cid in by_message if cid in by_line]
+    if both:
+        return both[0]
+    if len(by_message) >= 1 and (not by_line or len(by_message) == 1):
+        return by_message[0]
+    if by_line:
+        return by_line[0]
+    return None
+
+
+# ------------------------------------------------------------------ the check
+def _other(cid: str, severity: str, message: str, upstream: str, where: str) -> dict:
+    return {"id": cid, "severity": severity, "message": message,
+            "fix": "see the upstream message", "source": "live", "upstream_message": upstream,
+            "citation": where, "kind": "config"}
+
+
+def check(w, version: Optional[str] = None, te_version: Optional[str] = None) -> dict:
+    installed = labels.installed_mcore_version()
+    if installed is None:
+        from mbridge_recompute.errors import InputError
+
+        raise InputError("--validator", "live needs megatron-core installed "
+                         "(pip install megatron-core); use --validator builtin")
+    target = labels.resolve_version(installed)
+    if version is not None and labels.resolve_version(version) != target:
+        from mbridge_recompute.errors import InputError
+
+        raise InputError("--mcore-version", f"the live validator runs the installed megatron-core "
+                         f"{installed}; for {version} use --validator builtin")
+    ev = builtin.evaluate(w, target, te_version)
+    out = build(w, te_version)
+    findings: list = []
+    by_id = {f["id"]: f for f in ev.findings}
+    live_ids: set = set()
+    raised_order: Optional[float] = None
+
+    # warnings emitted before the exception (or all of them when it passed)
+    for message, file, line in out.warnings:
+        cid = map_message(message, target, file, line, installed, warning=True)
+        if cid == "cuda-graph-full-scope-deprecated" and w.cuda_graph_impl in (None, "none"):
+            continue   # emitted for every default config; says nothing when graphs are off
+        if cid is None:
+            if file not in CONFIG_FILES.values():
+                continue
+            findings.append(_other("mcore-warning", "info", message, message, f"{file}:{line} (installed)"))
+            continue
+        if cid in live_ids:
+            continue
+        live_ids.add(cid)
+        base = by_id.get(cid)
+        findings.append(finding(cid, "live", base["message"] if base else message,
+                                severity=base["severity"] if base else None, upstream=message))
+
+    if out.exc_type is not None:
+        cid = map_message(out.exc_message, target, out.exc_file, out.exc_line, installed)
+        where = f"{out.exc_file}:{out.exc_line} (installed megatron-core {installed})"
+        said = f"megatron-core {installed} TransformerConfig raised {out.exc_type}: {out.exc_message}"
+        if cid is None:
+            findings.append(_other("mcore-config-error", "error", said, out.exc_message, where))
+        else:
+            raised_order = builtin.order_of(cid)
+            live_ids.add(cid)
+            f = finding(cid, "live", said, upstream=out.exc_message)
+            f["raises"] = out.exc_type
+            f["first"] = True
+            if out.exc_type == "TypeError" and cid in TE_GATED:
+                # no TE on this machine and no te_version given: megatron-core could not decide
+                f["severity"] = "warning"
+                f["message"] = (f"{by_id[cid]['message'] if cid in by_id else f['message']} - "
+                                "megatron-core could not evaluate this check here (Transformer Engine "
+                                "is not installed on this machine; 0.16.1 raises TypeError). "
+                                "Set cluster.te_version to decide it.")
+            findings.append(f)
+
+    for f in ev.findings:
+        if f["id"] in live_ids:
+            continue
+        if f["kind"] == "config":
+            order = builtin.order_of(f["id"])
+            masked = out.exc_type is not None and (raised_order is None or order is None
+                                                   or order > raised_order)
+            if not masked:
+                continue   # the live config got past this check: it decided it
+            f = dict(f, message=f["message"] + " (from the built-in table: megatron-core stopped "
+                     "before this check)")
+        findings.append(f)
+
+    extra = {"mcore_version": installed}
+    if bridge_available():
+        findings.extend(_bridge_findings(w))
+    else:
+        findings.append({"id": "bridge-validation-unavailable", "severity": "info",
+                         "message": "Megatron Bridge is not importable here, so ConfigContainer "
+                                    "validation did not run; megatron-core's TransformerConfig did.",
+                         "fix": "run the check where Megatron Bridge (and Transformer Engine) is "
+                                "installed to add Bridge's own validation",
+                         "source": "live", "upstream_message": "", "citation": "", "kind": "bridge"})
+    return report(findings, "live", target, **extra)
+
+
+TE_GATED = frozenset({"fp8-moe-act-layernorm-needs-te-2-6", "moe-fp8-needs-te-1-7",
+                      "moe-fp8-grouped-gemm-needs-te-1-11"})
+
+
+def _bridge_findings(w) -> list:
+    """Bridge's model-provider finalize (the model part of ConfigContainer.validate).
+
+    Runs only where Megatron Bridge imports (it needs Transformer Engine); this
+    machine cannot, so this path is exercised on the training nodes only.
+    """
+    try:
+        from megatron.bridge.models.gpt_provider import GPTModelProvider
+    except Exception as exc:   # noqa: BLE001 - Bridge import failures are environment facts
+        return [{"id": "bridge-validation-unavailable", "severity": "info",
+                 "message": f"Megatron Bridge did not import: {type(exc).__name__}: {exc}",
+                 "fix": "", "source": "live", "upstream_message": "", "citation": "", "kind": "bridge"}]
+    _, kwargs = config_kwargs(w)
+    names = {f.name for f in dataclasses.fields(GPTModelProvider)}
+    try:
+        provider = GPTModelProvider(**{k: v for k, v in kwargs.items() if k in names})
+        provider.finalize()
+    except Exception as exc:   # noqa: BLE001
+        return [{"id": "bridge-validation-error", "severity": "error",
+                 "message": f"Bridge GPTModelProvider.finalize raised {type(exc).__name__}: {exc}",
+                 "fix": "see the upstream message", "source": "live", "upstream_message": str(exc),
+                 "citation": "megatron/bridge/models/gpt_provider.py", "kind": "bridge"}]
+    return []
