@@ -1,0 +1,63 @@
+"""`diagnose`: classify an OOM or a recompute error from a log or a message."""
+
+from __future__ import annotations
+
+import argparse
+
+from mbridge_recompute.errors import EXIT_OK, EXIT_PROBLEM, InputError
+
+DESCRIPTION = ("Classify a failed run from its log (or one pasted message): allocator fragmentation, "
+               "activation pressure, static/optimizer-state memory, or a recompute configuration / runtime "
+               "error, each with its evidence, the next action and the upstream source line.")
+
+EPILOG = """\
+kinds:
+  fragmentation  reserved-but-unallocated >= the failed request (or max reserved >= 1.10 x
+                 max allocated): set PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True first
+  static         OOM while building the model/optimizer or in the first optimizer step:
+                 recompute will not help (distributed optimizer, more DP/PP/EP, ...)
+  activations    OOM in a forward or backward: run plan.py for a recompute boundary
+  config         a configuration rule (card constraint id and its fix)
+  runtime        a failure raised while training (missing Transformer Engine, uniform
+                 recompute index error, MoE TP without SP, ...)
+  unknown        an exception this tool does not recognise
+
+exit status:
+  0  at least one finding explains a failure
+  1  nothing recognisable (warnings and unknown exceptions alone do not count)
+  2  the log cannot be read or no input was given
+"""
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("log", nargs="?", metavar="LOG", help="training log ('-' reads stdin)")
+    p.add_argument("--message", metavar="TEXT", help="an error message or traceback to classify")
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+
+
+def run(args) -> int:
+    import sys
+    from pathlib import Path
+
+    from mbridge_recompute import diagnose, logs
+    from mbridge_recompute.output import emit
+
+    if args.log is None and args.message is None:
+        raise InputError("LOG", "give a log file, '-' for stdin, or --message TEXT")
+    texts, name = [], "message"
+    if args.log == "-":
+        data = sys.stdin.buffer.read()
+        texts.append(data.decode("utf-8", errors="replace"))
+        name = "stdin"
+    elif args.log is not None:
+        text, _ = logs.read_text(Path(args.log))
+        texts.append(text)
+        name = args.log
+    if args.message is not None:
+        if not args.message.strip():
+            raise InputError("--message", "is empty")
+        texts.append(args.message)
+    run_ = logs.parse_text("\n".join(t.rstrip("\n") for t in texts) + "\n", name=name, path=name)
+    report = diagnose.diagnose(run_)
+    emit(report, args.json, diagnose.render_text)
+    return EXIT_OK if report["explained"] else EXIT_PROBLEM

@@ -1,0 +1,371 @@
+"""Compare parsed runs against a matched control, per the measurement contract.
+
+Definitions (the text of `compare --help` says the same):
+
+* **steady window** of a run: its logged iterations from `steady_from` to its
+  target T (the `/T` of `iteration N/T`); `steady_from` defaults to
+  floor(T * fraction) + 1 with fraction 0.5, i.e. the second half (iterations
+  11-20 of a 20-step run, as the published Moonlight sweep averages).
+* **pass**: no OOM, no non-finite step, the optimizer was initialised (a memory
+  report after iteration >= 2 or an iteration >= 2 line) and at least
+  `min_steady_steps` complete, finite iteration lines lie in the window. The
+  default minimum is every line the window should hold (multiples of the log
+  interval, inferred as the gcd of the logged iteration numbers), so a run cut
+  short does not pass.
+* **oom** (with its stage), **nan** (a missing `lm loss`, a nan/inf loss or grad
+  norm, or a counted nan iteration), else **incomplete**.
+* **peak**: `mem-max-allocated-gigabytes`, max over the ranks that print it;
+  per run at its last report, and for a delta at the **matched point**: the
+  latest "after K iterations" both runs reported (so a control that died after
+  iteration 1 is compared at iteration 1, not against a candidate's iteration-2
+  peak that includes optimizer state).
+* **narrowest passing candidate**: among matched, passing runs other than the
+  control whose peak is at least `min_saving_pct` (default 0.5%) below the
+  control's at the matched point (any passing run when the control itself did
+  not pass), the one with the smallest step time; ties go to the lower peak.
+"""
+
+from __future__ import annotations
+
+import math
+from functools import reduce
+from typing import Optional
+
+from mbridge_recompute.errors import InputError
+from mbridge_recompute.logs import Run
+
+STATUSES = ("pass", "oom", "nan", "incomplete")
+CONTROL_NAMES = ("empty", "[]", "control")
+
+# argv tokens that only name, place or set the recompute of a run: everything
+# else must be equal for two runs to be a matched pair (bridge-harness.md §1.4).
+_RUN_ONLY_OPTS = {"--recompute_modules", "-rl", "--recompute_num_layers", "-wdj", "-l", "--log_dir",
+                  "--save_config_filepath", "-d", "--dryrun"}
+_RUN_ONLY_FLAGS = {"-d", "--dryrun", "--dry-run", "--detach"}
+_RUN_ONLY_HYDRA = ("model.recompute_", "logger.save_config_filepath", "checkpoint.save")
+
+
+# ---------------------------------------------------------------- per run
+def log_interval(run: Run) -> int:
+    its = [it.iteration for it in run.iterations if it.iteration > 0]
+    return reduce(math.gcd, its) if its else 1
+
+
+def steady_window(run: Run, steady_from: Optional[int], fraction: float) -> tuple:
+    """(first, last) iteration of the steady window, or (None, None) without iteration lines."""
+    total = run.target_iterations
+    if total is None:
+        return None, None
+    first = steady_from if steady_from is not None else int(math.floor(total * fraction)) + 1
+    return max(1, first), total
+
+
+def summarize(run: Run, steady_from: Optional[int] = None, fraction: float = 0.5,
+              min_steady: Optional[int] = None) -> dict:
+    first, last = steady_window(run, steady_from, fraction)
+    window = [it for it in run.iterations
+              if first is not None and first <= it.iteration <= last and it.complete and it.finite]
+    interval = log_interval(run)
+    expected = 0 if first is None else max(0, last // interval - (first - 1) // interval)
+    need = min_steady if min_steady is not None else max(1, expected)
+    times = [it.time_ms for it in window if it.time_ms is not None and math.isfinite(it.time_ms)]
+    in_window = {it.iteration for it in window}
+    paired = [st for k, st in run.step_time_at() if k in in_window]
+    tflops = [st.tflops for st in paired if math.isfinite(st.tflops)]
+    tflops_source = "Step Time" if tflops else None
+    if not tflops:
+        tflops = [it.tflops for it in window if it.tflops is not None and math.isfinite(it.tflops)]
+        tflops_source = "iteration line" if tflops else None
+    step_s = [st.seconds for st in paired if math.isfinite(st.seconds)]
+
+    non_finite = run.non_finite
+    notes = []
+    stage = None
+    if run.ooms:
+        status = "oom"
+        first_oom = min(run.ooms, key=lambda o: o.line)
+        stage = first_oom.stage
+        notes.append(f"OOM in {first_oom.stage} of iteration {first_oom.iteration} (line {first_oom.line})")
+    elif non_finite or run.nan_iterations:
+        status = "nan"
+        if non_finite:
+            notes.append("non-finite loss or grad norm (a missing `lm loss` means NaN) at iteration(s) "
+                         + ", ".join(map(str, non_finite[:8])))
+        if run.nan_iterations:
+            notes.append(f"{run.nan_iterations} nan iteration(s) counted")
+    elif run.optimizer_initialised and len(window) >= need:
+        status = "pass"
+    else:
+        status = "incomplete"
+        if not run.optimizer_initialised:
+            notes.append("the optimizer step never completed (no memory report after iteration 2)")
+        if len(window) < need:
+            notes.append(f"{len(window)} of {need} steady step(s) logged in iterations {first}-{last}")
+    if run.skipped_iterations:
+        notes.append(f"{run.skipped_iterations} skipped iteration(s) (loss-scale backoff or NaN skip)")
+    if any(not it.complete for it in run.iterations):
+        notes.append("an iteration line was cut (truncated log)")
+    if run.replaced_bytes:
+        notes.append(f"{run.replaced_bytes} undecodable byte sequence(s) replaced")
+
+    hot, alloc, reserved = run.peak()
+    peaks = run.per_rank_peaks()
+    return {
+        "name": run.name, "path": run.path, "setting": run.setting, "format": run.format,
+        "status": status, "stage": stage,
+        "peak_allocated_gb": alloc, "peak_reserved_gb": reserved,
+        "peak_after": max(run.report_points(), default=None), "hottest_rank": hot,
+        "ranks": {str(r): {"after": k, "max_allocated_gb": a, "max_reserved_gb": rv}
+                  for r, (k, a, rv) in sorted(peaks.items())},
+        "step_time_ms": _mean(times), "step_time_s": _mean(step_s),
+        "tflops_per_gpu": _mean(tflops), "tflops_source": tflops_source,
+        "steady_window": [first, last], "steady_steps": len(window), "min_steady_steps": need,
+        "loss_finite": not non_finite, "non_finite_iterations": non_finite,
+        "skipped_iterations": run.skipped_iterations, "nan_iterations": run.nan_iterations,
+        "optimizer_initialised": run.optimizer_initialised, "completed": run.completed,
+        "last_iteration": run.last_iteration, "target_iterations": run.target_iterations,
+        "ooms": [o.as_dict() for o in run.ooms],
+        "notes": notes,
+    }
+
+
+def _mean(xs: list) -> Optional[float]:
+    return sum(xs) / len(xs) if xs else None
+
+
+# ---------------------------------------------------------------- control & matching
+def is_control(run: Run) -> bool:
+    return run.setting == "[]" or run.name in CONTROL_NAMES
+
+
+def choose_control(runs: list, name: Optional[str]) -> Run:
+    if name is not None:
+        for r in runs:
+            if r.name == name:
+                return r
+        raise InputError("--control", f"no run named {name!r} (runs: {', '.join(r.name for r in runs)})")
+    for r in runs:
+        if is_control(r):
+            return r
+    return runs[0]
+
+
+def _argv_key(argv: list) -> list:
+    """argv without the tokens that only name a run or set its recompute."""
+    out, skip = [], False
+    for tok in argv:
+        tok = str(tok)
+        if skip:
+            skip = False
+            continue
+        flag, eq, _ = tok.partition("=")
+        bare = tok.strip("'\"")
+        if bare.startswith(_RUN_ONLY_HYDRA):
+            continue
+        if tok in _RUN_ONLY_FLAGS:
+            continue
+        if flag in _RUN_ONLY_OPTS:
+            skip = not eq
+            continue
+        out.append(bare)
+    return out
+
+
+def match(run: Run, control: Run) -> list:
+    """Reasons why `run` is not a matched comparison with `control` (empty: matched)."""
+    if run is control:
+        return []
+    reasons = []
+    ma, mb = run.manifest or {}, control.manifest or {}
+    if isinstance(ma.get("argv"), list) and isinstance(mb.get("argv"), list):
+        a, b = _argv_key(ma["argv"]), _argv_key(mb["argv"])
+        if a != b:
+            only_a = [t for t in a if t not in b]
+            only_b = [t for t in b if t not in a]
+            reasons.append("command lines differ beyond recompute: "
+                           f"{' '.join(only_a) or '-'} vs {' '.join(only_b) or '-'} in the control")
+    ra, rb = ma.get("revisions"), mb.get("revisions")
+    if isinstance(ra, dict) and isinstance(rb, dict):
+        for k in sorted(set(ra) | set(rb)):
+            if ra.get(k) != rb.get(k):
+                reasons.append(f"revision of {k} differs: {ra.get(k)} vs {rb.get(k)} in the control")
+    if run.format != control.format and "unknown" not in (run.format, control.format):
+        reasons.append(f"log formats differ: {run.format} vs {control.format}")
+    ta, tb = run.target_iterations, control.target_iterations
+    if ta and tb and ta != tb:
+        reasons.append(f"train iterations differ: {ta} vs {tb} in the control")
+    ga = {it.global_batch_size for it in run.iterations if it.global_batch_size}
+    gb = {it.global_batch_size for it in control.iterations if it.global_batch_size}
+    if ga and gb and ga != gb:
+        reasons.append(f"global batch size differs: {sorted(ga)} vs {sorted(gb)} in the control")
+    wa = {round(t.weight_optimizer_mib, 1) for t in run.theoretical}
+    wb = {round(t.weight_optimizer_mib, 1) for t in control.theoretical}
+    if wa and wb and wa != wb:
+        # weights + optimizer do not depend on recompute: a different value means a
+        # different parallel layout, precision or optimizer (theoretical_memory_utils.py:339-353)
+        reasons.append(f"theoretical weight+optimizer memory differs: {sorted(wa)} vs {sorted(wb)} MiB "
+                       "(parallelism, precision or optimizer differ)")
+    if run.params_billions and control.params_billions and run.params_billions != control.params_billions:
+        reasons.append(f"parameter count differs: {run.params_billions} vs {control.params_billions} billion")
+    ka = {m.rank for m in run.memory if m.after == 1}
+    kb = {m.rank for m in control.memory if m.after == 1}
+    if ka and kb and ka != kb:
+        reasons.append(f"different ranks report memory ({sorted(ka)} vs {sorted(kb)}): different parallel layout")
+    return reasons
+
+
+# ---------------------------------------------------------------- the comparison
+def compare(runs: list, control_name: Optional[str] = None, steady_from: Optional[int] = None,
+            fraction: float = 0.5, min_steady: Optional[int] = None, min_saving_pct: float = 0.5) -> dict:
+    if not runs:
+        raise InputError("LOG", "no logs given")
+    names = [r.name for r in runs]
+    dupes = sorted({n for n in names if names.count(n) > 1})
+    if dupes:
+        raise InputError("LOG", f"two logs share the run name {dupes[0]!r}; put each run in its own "
+                                "directory or rename the logs")
+    control = choose_control(runs, control_name)
+    rows = []
+    csum = summarize(control, steady_from, fraction, min_steady)
+    for run in runs:
+        row = csum if run is control else summarize(run, steady_from, fraction, min_steady)
+        row["control"] = run is control
+        reasons = match(run, control)
+        row["matched"] = not reasons
+        row["reasons"] = reasons
+        _deltas(row, run, control, csum)
+        rows.append(row)
+    best, why = narrowest(rows, csum, min_saving_pct)
+    return {
+        "control": control.name,
+        "control_status": csum["status"],
+        "steady": {"from": steady_from, "fraction": fraction, "min_steady_steps": min_steady},
+        "min_saving_pct": min_saving_pct,
+        "runs": rows,
+        "narrowest": best,
+        "narrowest_reason": why,
+        "unmatched": [r["name"] for r in rows if not r["matched"]],
+    }
+
+
+def _deltas(row: dict, run: Run, control: Run, csum: dict) -> None:
+    common = run.report_points() & control.report_points()
+    at = max(common) if common else None
+    row["delta_at"] = at
+    row.update(delta_peak_gb=None, delta_peak_pct=None, delta_reserved_gb=None,
+               delta_time_pct=None, delta_tflops=None)
+    if at is not None:
+        _, a, ra = run.peak(at)
+        _, c, rc = control.peak(at)
+        if a is not None and c:
+            row["delta_peak_gb"] = a - c
+            row["delta_peak_pct"] = 100.0 * (a - c) / c
+        if ra is not None and rc is not None:
+            row["delta_reserved_gb"] = ra - rc
+    if row["step_time_ms"] is not None and csum["step_time_ms"]:
+        row["delta_time_pct"] = 100.0 * (row["step_time_ms"] - csum["step_time_ms"]) / csum["step_time_ms"]
+    if row["tflops_per_gpu"] is not None and csum["tflops_per_gpu"] is not None:
+        row["delta_tflops"] = row["tflops_per_gpu"] - csum["tflops_per_gpu"]
+
+
+def narrowest(rows: list, csum: dict, min_saving_pct: float) -> tuple:
+    """(name or None, why): the cheapest matched passing candidate that lowers the peak."""
+    control_passes = csum["status"] == "pass"
+    pool = []
+    for r in rows:
+        if r["control"] or r["status"] != "pass" or not r["matched"] or r["step_time_ms"] is None:
+            continue
+        if control_passes and (r["delta_peak_pct"] is None or r["delta_peak_pct"] > -min_saving_pct):
+            continue
+        pool.append(r)
+    if not pool:
+        if not any(r["status"] == "pass" and not r["control"] for r in rows):
+            return None, "no candidate passed"
+        return None, (f"no matched passing candidate lowers the peak by at least {min_saving_pct}% "
+                      "against the control")
+    best = min(pool, key=lambda r: (r["step_time_ms"], r["peak_allocated_gb"] or math.inf))
+    if control_passes:
+        why = (f"smallest step-time increase ({_pct(best['delta_time_pct'])}) among passing candidates "
+               f"that lower the peak by >= {min_saving_pct}% ({_pct(best['delta_peak_pct'])})")
+    else:
+        why = f"the control did not pass ({csum['status']}); fastest passing candidate"
+    return best["name"], why
+
+
+def exit_code(report: dict) -> int:
+    """0: a matched passing candidate exists (or the control alone passed); 1 otherwise or when any
+    comparison is unmatched (its deltas are not evidence)."""
+    rows = report["runs"]
+    if report["unmatched"]:
+        return 1
+    candidates = [r for r in rows if not r["control"]]
+    if not candidates:
+        return 0 if rows[0]["status"] == "pass" else 1
+    return 0 if any(r["status"] == "pass" for r in candidates) else 1
+
+
+# ---------------------------------------------------------------- rendering
+def _pct(x: Optional[float]) -> str:
+    if x is None:
+        return "-"
+    return f"{x:+.2f}%"
+
+
+def _f(x: Optional[float], fmt: str) -> str:
+    return "-" if x is None else format(x, fmt)
+
+
+def _status(r: dict) -> str:
+    s = r["status"]
+    if s == "oom" and r["stage"]:
+        s = f"oom ({r['stage']})"
+    return s + ("" if r["matched"] else " UNMATCHED")
+
+
+def table_rows(report: dict) -> list:
+    out = []
+    for r in report["runs"]:
+        out.append([r["name"] + (" (control)" if r["control"] else ""), _status(r),
+                    _f(r["peak_allocated_gb"], ".3f"), _f(r["peak_reserved_gb"], ".3f"),
+                    "-" if r["hottest_rank"] is None else str(r["hottest_rank"]),
+                    _f(r["step_time_ms"], ".2f"), _f(r["tflops_per_gpu"], ".2f"),
+                    "control" if r["control"] else _pct(r["delta_peak_pct"]),
+                    "control" if r["control"] else _pct(r["delta_time_pct"]),
+                    "control" if r["control"] else _f(r["delta_tflops"], "+.2f")])
+    return out
+
+
+HEADERS = ["run", "status", "peak alloc GB", "peak resv GB", "hot rank", "step ms", "TFLOP/s/GPU",
+           "Δ peak", "Δ time", "Δ TFLOP/s"]
+
+
+def _footer(report: dict) -> list:
+    lines = []
+    if report["narrowest"]:
+        lines.append(f"narrowest passing candidate: {report['narrowest']} — {report['narrowest_reason']}")
+    else:
+        lines.append(f"narrowest passing candidate: none — {report['narrowest_reason']}")
+    for r in report["runs"]:
+        for reason in r["reasons"]:
+            lines.append(f"unmatched: {r['name']}: {reason}")
+        for note in r["notes"]:
+            lines.append(f"note: {r['name']}: {note}")
+    return lines
+
+
+def render_text(report: dict) -> str:
+    from mbridge_recompute.output import table
+
+    r0 = next(r for r in report["runs"] if r["control"])
+    head = (f"control: {report['control']} ({r0['status']}); steady window: iterations "
+            f"{r0['steady_window'][0]}-{r0['steady_window'][1]}; Δ peak at the latest iteration both runs reported")
+    return "\n".join([head, "", table(HEADERS, table_rows(report), "llrrrrrrrr"), ""] + _footer(report))
+
+
+def render_markdown(report: dict) -> str:
+    lines = ["| " + " | ".join(HEADERS) + " |",
+             "|" + "|".join(["---", "---"] + ["---:"] * (len(HEADERS) - 2)) + "|"]
+    for row in table_rows(report):
+        lines.append("| " + " | ".join(c.replace("|", "\\|") for c in row) + " |")
+    return "\n".join([f"Control: `{report['control']}`", ""] + lines + [""]
+                     + [f"- {line}" for line in _footer(report)])

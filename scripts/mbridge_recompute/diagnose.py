@@ -1,0 +1,228 @@
+"""Classify what went wrong in a run: memory (and which kind) or a recompute constraint.
+
+OOM rules, in the order the findings are reported (thresholds are constants below):
+
+1. **fragmentation** -- PyTorch held, reserved but unallocated, at least as much
+   memory as the failed request (it would have fit had the cached blocks been
+   contiguous), or the rank's memory report shows max reserved >= 1.10 x max
+   allocated with the gap at least the request. Fix the allocator first
+   (`PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True`) and re-measure before
+   adding any recompute: recompute trades step time for memory the allocator
+   may simply be wasting.
+2. **static** -- the OOM happened while building the model/optimizer, in the
+   first optimizer step (where Adam's state is created), or before any forward
+   ran: weights, gradients and optimizer state do not shrink with recompute.
+3. **activations** -- the OOM happened in a forward or backward (a recompute
+   replay runs in backward) and is not explained by fragmentation alone, or the
+   run got past iteration 1 (static memory is all in place by then). Next: `plan`.
+
+Memory the process holds outside PyTorch (NCCL buffers, other processes on the
+GPU) is reported as evidence when it is at least 5% of capacity.
+
+Error strings are matched through `signatures` (the card's constraint messages
+first, then the runtime table). An exception from `transformer_config.py`,
+`model_parallel_config.py` or `arguments.py` that no signature knows is still a
+`config` finding (an unlisted constraint).
+
+Exit status (commands/diagnose.py): 0 when at least one finding explains a
+failure (an OOM classification, or an error-severity config/runtime match);
+1 when nothing recognisable was found (warnings and `unknown` alone do not count).
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+from mbridge_recompute import signatures
+from mbridge_recompute.logs import GIB, OOMEvent, Run
+
+RESERVED_OVER_ALLOCATED = 1.10      # "reserved >> allocated" in a memory report
+NEAR_CAPACITY = 0.85                 # allocated by PyTorch / capacity
+NON_PYTORCH_SHARE = 0.05             # memory outside PyTorch worth mentioning
+STATIC_STAGES = ("setup", "optimizer-state-init")
+ACTIVATION_STAGES = ("first-forward", "forward", "backward")
+EXPLAINING_KINDS = ("fragmentation", "activations", "static")
+
+ACTION = {
+    "fragmentation": ("set PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True in the job environment and rerun "
+                      "the same setting before adding any recompute; compare peaks with compare_runs.py"),
+    "static": ("recompute will not help: this memory is weights, gradients and optimizer state. Shard or shrink "
+               "it: use_distributed_optimizer=true, more data parallelism (shards optimizer state) or more "
+               "PP/EP, a precision-aware optimizer (use_precision_aware_optimizer with bf16 exp_avg/exp_avg_sq), "
+               "or optimizer_cpu_offload"),
+    "activations": ("activations fill the GPU: run plan.py on this workload (--json) for the narrowest "
+                    "recompute boundary that fits, then measure it against the `[]` control with "
+                    "run_harness.py and compare_runs.py"),
+    "unknown_oom": ("the stage is unknown (no traceback in the log): rerun with the full per-rank traceback; "
+                    "an OOM before the first forward or in the first optimizer step is static memory, "
+                    "which recompute cannot fix"),
+}
+
+
+def _gib(x: Optional[float]) -> str:
+    return "?" if x is None else f"{x / GIB:.2f} GiB"
+
+
+def _report_for(run: Run, oom: OOMEvent):
+    reports = [m for m in run.memory if oom.rank is None or m.rank == oom.rank]
+    if not reports:
+        return None
+    return max(reports, key=lambda m: (m.after, m.max_allocated_gb or 0.0))
+
+
+def classify_oom(run: Run, oom: OOMEvent) -> list:
+    """The kinds (in report order) and their evidence for one OOM event."""
+    out = []
+    where = f"OOM at line {oom.line}" + (f" on rank {oom.rank}" if oom.rank is not None else "") \
+        + (f" (GPU {oom.gpu})" if oom.gpu is not None else "") \
+        + (f", {oom.stage} of iteration {oom.iteration}" if oom.stage != "unknown"
+           else f", iteration {oom.iteration} (stage unknown)")
+    numbers = (f"requested {_gib(oom.requested)}, capacity {_gib(oom.capacity)}, free {_gib(oom.free)}, "
+               f"allocated by PyTorch {_gib(oom.allocated)}, reserved but unallocated "
+               f"{_gib(oom.reserved_unallocated)}")
+    extra = []
+    if oom.capacity and oom.process_in_use is not None and oom.allocated is not None \
+            and oom.reserved_unallocated is not None:
+        outside = oom.process_in_use - oom.allocated - oom.reserved_unallocated
+        if outside >= NON_PYTORCH_SHARE * oom.capacity:
+            extra.append(f"{_gib(outside)} of this process is outside PyTorch (NCCL/communication buffers, "
+                         "CUDA context)")
+    if oom.capacity and oom.other_processes >= NON_PYTORCH_SHARE * oom.capacity:
+        extra.append(f"other processes hold {_gib(oom.other_processes)} on this GPU")
+    base = f"{where}: {numbers}" + ("; " + "; ".join(extra) if extra else "")
+
+    frag = []
+    if oom.requested is not None and oom.reserved_unallocated is not None \
+            and oom.reserved_unallocated >= oom.requested > 0:
+        frag.append(f"reserved-but-unallocated {_gib(oom.reserved_unallocated)} >= the "
+                    f"{_gib(oom.requested)} request")
+    rep = _report_for(run, oom)
+    if rep and rep.max_allocated_gb and rep.max_reserved_gb:
+        gap_bytes = (rep.max_reserved_gb - rep.max_allocated_gb) * 1e9
+        if rep.max_reserved_gb >= RESERVED_OVER_ALLOCATED * rep.max_allocated_gb and \
+                (oom.requested is None or gap_bytes >= oom.requested):
+            frag.append(f"rank {rep.rank} after {rep.after} iterations: max reserved {rep.max_reserved_gb:.3f} GB "
+                        f"vs max allocated {rep.max_allocated_gb:.3f} GB")
+    if frag:
+        out.append(("fragmentation", base + "; " + "; ".join(frag)))
+
+    near = (oom.allocated is not None and oom.capacity and oom.allocated >= NEAR_CAPACITY * oom.capacity)
+    share = "" if not (oom.allocated and oom.capacity) else \
+        f"; PyTorch holds {100 * oom.allocated / oom.capacity:.0f}% of capacity in live tensors"
+    if oom.stage in STATIC_STAGES:
+        out.append(("static", base + f"; failed in {oom.stage}, before activations matter" + share))
+    elif oom.stage in ACTIVATION_STAGES or oom.stage == "optimizer-step" or oom.iteration >= 2:
+        if not frag or near:
+            why = f"failed in the {oom.stage}" if oom.stage != "unknown" else \
+                f"failed after iteration {oom.iteration - 1} completed (static memory was in place)"
+            out.append(("activations", base + "; " + why + share))
+    elif not frag:
+        out.append(("unknown", base + "; no traceback to tell the stage"))
+    return out
+
+
+def _oom_findings(run: Run) -> list:
+    grouped: dict = {}
+    for oom in run.ooms:
+        for kind, evidence in classify_oom(run, oom):
+            grouped.setdefault(kind, []).append((oom, evidence))
+    order = ("fragmentation", "static", "activations", "unknown")
+    out = []
+    for kind in order:
+        if kind not in grouped:
+            continue
+        events = grouped[kind]
+        # the most loaded rank is the clearest evidence
+        oom, evidence = max(events, key=lambda e: (e[0].allocated or 0.0))
+        if len(events) > 1:
+            evidence += f" (and {len(events) - 1} more OOM event(s) of this kind)"
+        action = ACTION["unknown_oom"] if kind == "unknown" else ACTION[kind]
+        out.append({"kind": kind, "evidence": evidence, "next_action": action, "severity": "error",
+                    "stage": oom.stage, "iteration": oom.iteration, "line": oom.line,
+                    "oom": oom.as_dict()})
+    return out
+
+
+def _sig_finding(sig, evidence: str, line: int) -> dict:
+    f = {"kind": sig.kind, "evidence": evidence, "next_action": sig.fix, "severity": sig.severity,
+         "source": sig.source, "id": sig.id, "line": line}
+    if sig.constraint_id:
+        f["constraint_id"] = sig.constraint_id
+    if sig.cause:
+        f["cause"] = sig.cause
+    return f
+
+
+_CONFIG_FILES = ("transformer_config.py", "model_parallel_config.py", "training/arguments.py")
+_WRAPPER_EXC = ("ChildFailedError", "CalledProcessError", "SystemExit")
+
+
+def _error_findings(run: Run) -> list:
+    sigs = signatures.all_signatures()
+    found: dict = {}
+    matched_lines: set = set()
+    for no, line in enumerate(run.lines, start=1):
+        sig = signatures.match_line(line, sigs)
+        if sig is None:
+            continue
+        matched_lines.add(no)
+        if sig.id in found:
+            found[sig.id]["count"] += 1
+            continue
+        found[sig.id] = dict(_sig_finding(sig, f"line {no}: {line.strip()[:300]}", no), count=1)
+    unknown = []
+    for err in run.errors:
+        if err.line in matched_lines:
+            continue
+        sig = signatures.match_exception(err.exc_type, err.message, err.frames, sigs)
+        text = f"{err.exc_type}: {err.message}".strip()
+        if sig is not None:
+            if sig.id in found:
+                found[sig.id]["count"] += 1
+            else:
+                where = f" (in {err.frames[-1].func}, {err.frames[-1].file}:{err.frames[-1].lineno})" \
+                    if err.frames else ""
+                found[sig.id] = dict(_sig_finding(sig, f"line {err.line}: {text[:300]}{where}", err.line), count=1)
+            continue
+        if err.exc_type.rsplit(".", 1)[-1] in _WRAPPER_EXC or err.exc_type.endswith("Warning"):
+            continue
+        cfg = next((f for f in reversed(err.frames) if f.file.replace("\\", "/").endswith(_CONFIG_FILES)), None)
+        if cfg is not None:
+            key = f"config:{text[:120]}"
+            if key not in found:
+                found[key] = {"kind": "config", "evidence": f"line {err.line}: {text[:300]}",
+                              "next_action": "a configuration rule this tool does not list: run check_config.py "
+                                             "on the workload (--validator live) and read the rule at the source",
+                              "severity": "error", "source": f"{cfg.file}:{cfg.lineno}", "line": err.line,
+                              "count": 1}
+            continue
+        if len(unknown) < 3 and all(u["evidence"].split(": ", 1)[-1] != text[:300] for u in unknown):
+            unknown.append({"kind": "unknown", "evidence": f"line {err.line}: {text[:300]}",
+                            "next_action": "not a known memory or recompute failure; read the traceback ending "
+                                           f"at line {err.line}", "severity": "info", "line": err.line})
+    ordered = sorted(found.values(), key=lambda f: ({"error": 0, "warning": 1}.get(f["severity"], 2), f["line"]))
+    return ordered + unknown
+
+
+def diagnose(run: Run) -> dict:
+    findings = _oom_findings(run) + _error_findings(run)
+    explained = any(f["kind"] in EXPLAINING_KINDS or
+                    (f["kind"] in ("config", "runtime") and f["severity"] == "error") for f in findings)
+    return {"source": run.path or run.name, "findings": findings, "explained": explained,
+            "ooms": len(run.ooms), "last_iteration": run.last_iteration,
+            "memory_reports": len(run.memory)}
+
+
+def render_text(report: dict) -> str:
+    if not report["findings"]:
+        return f"{report['source']}: nothing recognisable (no OOM, no known recompute error)"
+    lines = [f"{report['source']}:"]
+    for i, f in enumerate(report["findings"], 1):
+        tag = f["kind"] + (f" [{f['constraint_id']}]" if f.get("constraint_id") else "") \
+            + ("" if f["severity"] == "error" else f" ({f['severity']})")
+        lines.append(f"{i}. {tag}")
+        lines.append(f"   evidence: {f['evidence']}")
+        lines.append(f"   next:     {f['next_action']}")
+        if f.get("source"):
+            lines.append(f"   source:   {f['source']}")
+    return "\n".join(lines)

@@ -1,0 +1,581 @@
+"""Read a Megatron Bridge or Megatron-LM training log into a `Run` record.
+
+The log contract (formats and the regexes below) comes from Bridge's
+`train_utils.py` and Megatron-LM's `training.py`; every regex names its line.
+What this module tolerates, on purpose:
+
+* interleaved ranks: each line may carry a launcher prefix (`[default3]:` from
+  torchrun, `[rank3]:` from PyTorch's per-rank tracebacks, `3: ` from `srun
+  --label`, `[1,3]<stdout>:` from mpirun); prefixes are stripped and kept as the
+  line's *stream* so a traceback is read from one rank's lines only;
+* truncation: a log cut mid-line is read up to the cut; an iteration line that
+  lacks its last field (`number of nan iterations`) is kept but marked
+  incomplete, so a cut is never mistaken for a non-finite loss;
+* broken bytes: the file is read as bytes and decoded with errors="replace".
+
+Units: Bridge's runtime memory report is decimal GB (bytes / 1e9,
+train_utils.py:1203-1209); Megatron-LM's is MiB (common_utils.py:313-334), which
+is converted to decimal GB here so every peak in a `Run` is decimal GB;
+theoretical lines are MiB (theoretical_memory_utils.py:340-353) and stay MiB.
+OOM sizes are kept in bytes.
+
+OOM stage heuristic (documented in references/harness-and-logs.md too):
+the traceback that ends in the OOM line, read from that rank's stream, decides:
+  1. a backward frame (`backward`, `_engine_run_backward`, `backward_step`,
+     `custom_backward`) -> "backward" (a recompute replay runs inside backward);
+  2. an optimizer frame (a file under `optimizer/` or `torch/optim/`, or
+     `_init_group`/`step`), inside model/optimizer construction -> "setup",
+     else before any logged iteration -> "optimizer-state-init" (Adam states are
+     created lazily in the first step), else "optimizer-step";
+  3. a forward frame (`forward_step`, `forward`) -> "first-forward" when no
+     iteration was logged before the OOM, else "forward";
+  4. a construction frame (`setup_model_and_optimizer`, `get_model`,
+     `get_megatron_optimizer`, DDP buffer allocation) -> "setup";
+  5. no traceback: "unknown" (the iteration number still says when).
+The iteration in progress is the last iteration number logged (iteration line
+or memory report) before the OOM, plus one; with `log_interval > 1` it is a
+lower bound.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Iterable, Optional
+
+from mbridge_recompute.errors import InputError
+
+GB = 1e9
+MIB = 2**20
+GIB = 2**30
+
+# --- line prefixes added by launchers (torchrun --tee, PyTorch, srun --label, mpirun)
+_PREFIX = re.compile(r"^(?:\s*(?:\[default\d+\]:|\[rank\d+\]:|\[1,\d+\]<std(?:out|err)>:|\d{1,5}: ))+")
+_PREFIX_RANK = re.compile(r"\[(?:default|rank)(\d+)\]|\[1,(\d+)\]|^\s*(\d{1,5}): ")
+
+# --- Bridge iteration line: train_utils.py:1088-1140 (MLM: training.py:3567-3653)
+ITER = re.compile(r"iteration\s+(\d+)/\s*(\d+)\s*\|")
+TIME = re.compile(r"elapsed time per iteration \(ms\):\s*([\d.]+)")
+TPUT = re.compile(r"throughput per GPU \(TFLOP/s/GPU\):\s*([\d.]+)")
+LOSS = re.compile(r"\blm loss:\s*([-+\d.Ee]+|nan|NAN|NaN|inf|INF|-inf|-INF)")
+GNORM = re.compile(r"grad norm:\s*([-+\d.Ee]+|nan|NAN|NaN|inf|INF)")
+GBS = re.compile(r"global batch size:\s*(\d+)")
+SKIP = re.compile(r"number of skipped iterations:\s*(\d+)")
+NANS = re.compile(r"number of nan iterations:\s*(\d+)")
+# --- Bridge throughput line, rank 0: train_utils.py:1036-1051
+STEP = re.compile(r"Step Time :\s*([\d.]+)s GPU utilization:\s*([\d.]+)\s*MODEL_TFLOP/s/GPU")
+# --- Bridge memory report: train_utils.py:1160-1213 (decimal GB)
+MEM = re.compile(r"\[Rank (\d+)\] \(after (\d+) iterations\) memory \(GB\)(.*)")
+MEM_KEY = re.compile(r"(mem-[\w-]+):\s*([\d.eE+-]+)")
+# --- Megatron-LM memory report: common_utils.py:313-334 @ MLM 2a75ac12 (MiB)
+MLMMEM = re.compile(r"\[Rank (\d+)\] \(after (\d+) iterations\) memory \(MB\) \| allocated: ([\d.]+) \|"
+                    r" max allocated: ([\d.]+) \| reserved: ([\d.]+) \| max reserved: ([\d.]+)")
+# --- theoretical_memory_utils.py:339-353 (MiB)
+THEO = re.compile(r"Theoretical memory footprints: weight and optimizer=([\d.]+) MB"
+                  r"(?:, activation=([\d.]+) MB, total=([\d.]+) MB)?")
+PARAMS = re.compile(r"Total number of parameters in billions:\s*([\d.]+)")
+DONE = re.compile(r"\[after training is done\]")                 # pretrain.py:164
+EXITING = re.compile(r"exiting program at iteration (\d+)")       # train.py:1509
+
+# --- PyTorch OOM text (c10/cuda/CUDACachingAllocator.cpp, torch >= 2.1; the
+# older "(GPU 0; X total capacity; ...)" form is read too).
+_SIZE = r"([\d.]+)\s*(bytes|B|KiB|MiB|GiB|TiB)"
+# (a source line such as `except torch.OutOfMemoryError:` in a traceback is not an OOM)
+OOM_MARK = re.compile(r"CUDA out of memory|CUDA error: out of memory|^\s*(?:[\w.]+\.)?OutOfMemoryError\b")
+OOM_TRIED = re.compile(r"Tried to allocate " + _SIZE)
+OOM_CAP = re.compile(r"GPU (\d+) has a total capac\w* of " + _SIZE + r" of which " + _SIZE + r" is free")
+OOM_INUSE = re.compile(r"this process has " + _SIZE + r" memory in use")
+OOM_OTHER = re.compile(r"Process (\d+) has " + _SIZE + r" memory in use")
+OOM_ALLOC = re.compile(r"Of the allocated memory " + _SIZE + r" is allocated by PyTorch, and " + _SIZE
+                       + r" is reserved by PyTorch but unallocated")
+OOM_LEGACY = re.compile(r"\(GPU (\d+); " + _SIZE + r" total capacity; " + _SIZE + r" already allocated; "
+                        + _SIZE + r" free; " + _SIZE + r" reserved in total by PyTorch\)")
+_UNIT = {"bytes": 1, "B": 1, "KiB": 2**10, "MiB": MIB, "GiB": GIB, "TiB": 2**40}
+
+# --- tracebacks
+TB_START = re.compile(r"^Traceback \(most recent call last\):")
+TB_FRAME = re.compile(r'^\s+File "([^"]+)", line (\d+), in (\S+)')
+EXC_LINE = re.compile(r"^((?:[A-Za-z_][\w]*\.)*[A-Za-z_]\w*(?:Error|Exception|Warning|Interrupt))(?::\s?(.*))?$")
+
+_BACKWARD_FUNCS = {"backward", "_engine_run_backward", "backward_step", "custom_backward", "run_backward"}
+_OPTIM_FUNCS = {"_init_group", "step_with_ready_grads", "prepare_grads", "_init_state", "init_state_fn",
+                "initialize_state"}
+_FORWARD_FUNCS = {"forward_step", "forward", "_forward_step_helper", "forward_step_calc_loss"}
+_SETUP_FUNCS = {"setup_model_and_optimizer", "get_model", "get_megatron_optimizer", "_allocate_buffers",
+                "setup", "build_model", "_get_megatron_optimizer_based_on_param_groups"}
+
+MANIFEST = "manifest.json"
+
+
+# ---------------------------------------------------------------- records
+@dataclass
+class Iteration:
+    iteration: int
+    total: int
+    time_ms: Optional[float] = None
+    loss: Optional[float] = None         # None: `lm loss` missing (Bridge prints it only if >= 0)
+    grad_norm: Optional[float] = None
+    tflops: Optional[float] = None       # iteration-line throughput (only with log_throughput)
+    global_batch_size: Optional[int] = None
+    skipped: Optional[int] = None
+    nan_iterations: Optional[int] = None
+    complete: bool = True                # False: the line was cut before its last field
+    line: int = 0
+
+    @property
+    def finite(self) -> bool:
+        """Loss present and finite, grad norm (when printed) finite, no NaN iteration counted."""
+        if not self.complete:
+            return True  # a cut line proves nothing either way; counted separately
+        if self.loss is None or not math.isfinite(self.loss):
+            return False
+        if self.grad_norm is not None and not math.isfinite(self.grad_norm):
+            return False
+        return not self.nan_iterations
+
+
+@dataclass
+class MemoryReport:
+    rank: int
+    after: int                       # "(after K iterations)"
+    allocated_gb: Optional[float]
+    max_allocated_gb: Optional[float]
+    reserved_gb: Optional[float]
+    max_reserved_gb: Optional[float]
+    source: str                      # "bridge" (decimal GB) or "mlm" (MiB, converted)
+    line: int = 0
+
+
+@dataclass
+class StepTime:
+    seconds: float
+    tflops: float
+    line: int = 0
+
+
+@dataclass
+class Theoretical:
+    weight_optimizer_mib: float
+    activation_mib: Optional[float]
+    total_mib: Optional[float]
+    line: int = 0
+
+
+@dataclass
+class Frame:
+    file: str
+    lineno: int
+    func: str
+
+
+@dataclass
+class OOMEvent:
+    text: str
+    line: int
+    stream: str = ""                 # launcher prefix of the rank that printed it
+    rank: Optional[int] = None       # rank number from the prefix, when there is one
+    gpu: Optional[int] = None        # "GPU N" from the message (a local device index)
+    requested: Optional[float] = None            # bytes
+    capacity: Optional[float] = None
+    free: Optional[float] = None
+    process_in_use: Optional[float] = None       # "this process has X memory in use"
+    other_processes: float = 0.0                 # sum of "Process P has X memory in use"
+    allocated: Optional[float] = None            # "allocated by PyTorch"
+    reserved_unallocated: Optional[float] = None
+    stage: str = "unknown"
+    iteration: int = 1                           # the iteration in progress (lower bound)
+    frames: list = field(default_factory=list)
+
+    def key(self) -> tuple:
+        return (self.gpu, self.requested, self.capacity, self.free, self.allocated, self.reserved_unallocated)
+
+    @property
+    def parsed(self) -> bool:
+        return self.requested is not None and self.capacity is not None
+
+    def as_dict(self) -> dict:
+        def g(x):
+            return None if x is None else round(x / GIB, 3)
+        return {"line": self.line, "rank": self.rank, "gpu": self.gpu, "stage": self.stage,
+                "iteration": self.iteration, "requested_gib": g(self.requested),
+                "capacity_gib": g(self.capacity), "free_gib": g(self.free),
+                "process_in_use_gib": g(self.process_in_use),
+                "other_processes_gib": g(self.other_processes) if self.other_processes else 0.0,
+                "allocated_gib": g(self.allocated), "reserved_unallocated_gib": g(self.reserved_unallocated),
+                "frames": [f"{f.file}:{f.lineno} in {f.func}" for f in self.frames[-6:]]}
+
+
+@dataclass
+class ErrorEvent:
+    """An exception line (`ValueError: ...`), with the frames of its traceback."""
+    exc_type: str
+    message: str
+    line: int
+    stream: str = ""
+    frames: list = field(default_factory=list)
+
+
+@dataclass
+class Run:
+    name: str
+    path: str = ""
+    format: str = "unknown"          # "bridge", "mlm" or "unknown" (from the memory report style)
+    iterations: list = field(default_factory=list)
+    step_times: list = field(default_factory=list)
+    memory: list = field(default_factory=list)
+    theoretical: list = field(default_factory=list)
+    params_billions: Optional[float] = None
+    ooms: list = field(default_factory=list)
+    errors: list = field(default_factory=list)
+    completed: bool = False          # `[after training is done]` seen
+    exit_iteration: Optional[int] = None
+    manifest: Optional[dict] = None
+    setting: Optional[str] = None
+    lines: list = field(default_factory=list)   # every line, prefixes stripped (for diagnose)
+    replaced_bytes: int = 0
+    truncated: bool = False          # last line had no newline
+
+    # ---- derived
+    @property
+    def target_iterations(self) -> Optional[int]:
+        totals = [it.total for it in self.iterations]
+        return max(totals) if totals else None
+
+    @property
+    def last_iteration(self) -> int:
+        return max((it.iteration for it in self.iterations), default=0)
+
+    @property
+    def optimizer_initialised(self) -> bool:
+        """A memory report after K >= 2 iterations or an iteration >= 2 line: the first
+        optimizer step (which creates the optimizer state) has completed
+        (train_utils.py:1151-1154: "memory after the second iteration ... include optimizer state")."""
+        return any(m.after >= 2 for m in self.memory) or any(it.iteration >= 2 for it in self.iterations)
+
+    def per_rank_peaks(self, at: Optional[int] = None) -> dict:
+        """{rank: (after_k, max_allocated_gb, max_reserved_gb)}.
+
+        Peaks are cumulative since process start (no reset in training/), so the
+        max over a rank's reports up to `at` iterations (default: all) is the peak.
+        """
+        out: dict = {}
+        for m in self.memory:
+            if at is not None and m.after > at:
+                continue
+            k, a, r = out.get(m.rank, (0, None, None))
+            out[m.rank] = (max(k, m.after), _max(a, m.max_allocated_gb), _max(r, m.max_reserved_gb))
+        return out
+
+    def report_points(self) -> set:
+        return {m.after for m in self.memory}
+
+    def peak(self, at: Optional[int] = None) -> tuple:
+        """(hottest rank, max_allocated_gb, max_reserved_gb) over ranks, or (None, None, None)."""
+        peaks = self.per_rank_peaks(at)
+        if not peaks:
+            return None, None, None
+        hot = max(peaks, key=lambda r: (peaks[r][1] or 0.0, -r))
+        reserved = max((p[2] for p in peaks.values() if p[2] is not None), default=None)
+        return hot, peaks[hot][1], reserved
+
+    @property
+    def skipped_iterations(self) -> int:
+        return sum(it.skipped or 0 for it in self.iterations)
+
+    @property
+    def nan_iterations(self) -> int:
+        return sum(it.nan_iterations or 0 for it in self.iterations)
+
+    @property
+    def non_finite(self) -> list:
+        return [it.iteration for it in self.iterations if not it.finite]
+
+    def step_time_at(self) -> list:
+        """Pair each Step Time line with the logged iteration it belongs to.
+
+        Rank 0 prints it once per log interval, in the same `training_log` call as
+        the iteration line (train_utils.py:1036-1051 before :1088), so the k-th
+        Step Time line belongs to the k-th logged iteration. Extra lines (a cut
+        log) get no iteration.
+        """
+        its = sorted({it.iteration for it in self.iterations})
+        return [(its[i] if i < len(its) else None, st) for i, st in enumerate(self.step_times)]
+
+
+def _max(a, b):
+    if a is None:
+        return b
+    if b is None:
+        return a
+    return max(a, b)
+
+
+# ---------------------------------------------------------------- parsing
+def _num(text: str) -> float:
+    t = text.strip().lower()
+    if t in ("nan", "-nan"):
+        return math.nan
+    if t in ("inf", "+inf"):
+        return math.inf
+    if t == "-inf":
+        return -math.inf
+    try:
+        return float(text)
+    except ValueError:
+        return math.nan
+
+
+def _size(value: str, unit: str) -> float:
+    try:
+        return float(value) * _UNIT[unit]
+    except (ValueError, KeyError):
+        return math.nan
+
+
+def split_prefix(raw: str) -> tuple:
+    """(stream, rank, text): the launcher prefix, its rank number, the line without it."""
+    m = _PREFIX.match(raw)
+    if not m:
+        return "", None, raw
+    prefix = m.group(0)
+    rank = None
+    for r in _PREFIX_RANK.finditer(prefix):
+        rank = int(next(g for g in r.groups() if g is not None))
+    return prefix.strip(), rank, raw[m.end():]
+
+
+def parse_iteration(text: str, line: int = 0) -> Optional[Iteration]:
+    m = ITER.search(text)
+    if not m:
+        return None
+    it = Iteration(iteration=int(m.group(1)), total=int(m.group(2)), line=line)
+    rest = text[m.end():]
+    if (t := TIME.search(rest)):
+        it.time_ms = _num(t.group(1))
+    if (t := TPUT.search(rest)):
+        it.tflops = _num(t.group(1))
+    if (t := LOSS.search(rest)):
+        it.loss = _num(t.group(1))
+    if (t := GNORM.search(rest)):
+        it.grad_norm = _num(t.group(1))
+    if (t := GBS.search(rest)):
+        it.global_batch_size = int(t.group(1))
+    if (t := SKIP.search(rest)):
+        it.skipped = int(t.group(1))
+    if (t := NANS.search(rest)):
+        it.nan_iterations = int(t.group(1))
+    else:
+        it.complete = False
+    return it
+
+
+def parse_memory(text: str, line: int = 0) -> Optional[MemoryReport]:
+    m = MEM.search(text)
+    if m:
+        keys = {k: _num(v) for k, v in MEM_KEY.findall(m.group(3))}
+        return MemoryReport(int(m.group(1)), int(m.group(2)), keys.get("mem-allocated-gigabytes"),
+                            keys.get("mem-max-allocated-gigabytes"), keys.get("mem-reserved-gigabytes"),
+                            keys.get("mem-max-reserved-gigabytes"), "bridge", line)
+    m = MLMMEM.search(text)
+    if m:
+        gb = [float(v) * MIB / GB for v in m.groups()[2:]]
+        return MemoryReport(int(m.group(1)), int(m.group(2)), gb[0], gb[1], gb[2], gb[3], "mlm", line)
+    return None
+
+
+def parse_oom(text: str, line: int = 0) -> Optional[OOMEvent]:
+    """The numbers of one PyTorch OOM message; None when the line is not one."""
+    if not OOM_MARK.search(text):
+        return None
+    ev = OOMEvent(text=text.strip(), line=line)
+    if (m := OOM_TRIED.search(text)):
+        ev.requested = _size(*m.groups())
+    if (m := OOM_CAP.search(text)):
+        ev.gpu = int(m.group(1))
+        ev.capacity = _size(m.group(2), m.group(3))
+        ev.free = _size(m.group(4), m.group(5))
+    if (m := OOM_INUSE.search(text)):
+        ev.process_in_use = _size(*m.groups())
+    ev.other_processes = sum(_size(v, u) for _, v, u in OOM_OTHER.findall(text))
+    if (m := OOM_ALLOC.search(text)):
+        ev.allocated = _size(m.group(1), m.group(2))
+        ev.reserved_unallocated = _size(m.group(3), m.group(4))
+    if (m := OOM_LEGACY.search(text)):
+        ev.gpu = int(m.group(1))
+        ev.capacity = _size(m.group(2), m.group(3))
+        ev.allocated = _size(m.group(4), m.group(5))
+        ev.free = _size(m.group(6), m.group(7))
+        ev.reserved_unallocated = max(0.0, _size(m.group(8), m.group(9)) - ev.allocated)
+    return ev
+
+
+def oom_stage(frames: list, iterations_before: int) -> str:
+    """The stage an OOM happened in, from its traceback frames (see module docstring)."""
+    funcs = {f.func for f in frames}
+    files = [f.file.replace("\\", "/") for f in frames]
+    if funcs & _BACKWARD_FUNCS or any(f.endswith("torch/autograd/__init__.py") for f in files):
+        return "backward"
+    in_optimizer = bool(funcs & _OPTIM_FUNCS) or any(
+        "/optimizer/" in f or "torch/optim/" in f or f.endswith("optimizer.py") for f in files)
+    if in_optimizer:
+        if funcs & _SETUP_FUNCS:
+            return "setup"
+        return "optimizer-state-init" if iterations_before == 0 else "optimizer-step"
+    if funcs & _FORWARD_FUNCS:
+        return "first-forward" if iterations_before == 0 else "forward"
+    if funcs & _SETUP_FUNCS:
+        return "setup"
+    return "unknown"
+
+
+@dataclass
+class _Stream:
+    frames: Optional[list] = None
+
+
+def read_text(path: Path) -> tuple:
+    """(text, replaced_count): bytes decoded with errors='replace'; InputError when unreadable."""
+    try:
+        data = path.read_bytes()
+    except FileNotFoundError:
+        raise InputError(str(path), "no such file") from None
+    except IsADirectoryError:
+        raise InputError(str(path), "is a directory, not a log file") from None
+    except OSError as exc:
+        raise InputError(str(path), f"cannot read: {exc.strerror or exc}") from None
+    text = data.decode("utf-8", errors="replace")
+    return text, text.count("\ufffd") - data.decode("utf-8", errors="ignore").count("\ufffd")
+
+
+def parse_text(text: str, name: str = "log", path: str = "") -> Run:
+    """Parse a whole log's text. Never raises on content."""
+    run = Run(name=name, path=path)
+    run.truncated = bool(text) and not text.endswith("\n")
+    streams: dict = {}
+    last_logged = 0
+    seen_oom: dict = {}
+    for no, raw in enumerate(text.splitlines(), start=1):
+        stream, rank, line = split_prefix(raw.replace("\r", ""))
+        run.lines.append(line)
+        st = streams.setdefault(stream, _Stream())
+        # tracebacks (per stream, so interleaved ranks do not mix frames)
+        if TB_START.match(line):
+            st.frames = []
+            continue
+        if st.frames is not None:
+            fm = TB_FRAME.match(line)
+            if fm:
+                st.frames.append(Frame(fm.group(1), int(fm.group(2)), fm.group(3)))
+                continue
+        oom = parse_oom(line, no)
+        if oom is not None:
+            oom.stream, oom.rank = stream, rank
+            oom.frames = list(st.frames or [])
+            oom.iteration = last_logged + 1
+            oom.stage = oom_stage(oom.frames, last_logged)
+            key = oom.key() if oom.parsed else ("text", oom.text[-200:])
+            prev = seen_oom.get(key)
+            if prev is None:
+                seen_oom[key] = oom
+                run.ooms.append(oom)
+            elif not prev.frames and oom.frames:   # keep the copy that carries the traceback
+                run.ooms[run.ooms.index(prev)] = oom
+                seen_oom[key] = oom
+            st.frames = None
+            continue
+        em = EXC_LINE.match(line)
+        if em and (st.frames is not None or not em.group(1).endswith("Warning")):
+            run.errors.append(ErrorEvent(em.group(1), (em.group(2) or "").strip(), no, stream, list(st.frames or [])))
+            st.frames = None
+            continue
+        it = parse_iteration(line, no)
+        if it is not None:
+            run.iterations.append(it)
+            last_logged = max(last_logged, it.iteration)
+            continue
+        if (m := STEP.search(line)):
+            run.step_times.append(StepTime(_num(m.group(1)), _num(m.group(2)), no))
+            continue
+        mem = parse_memory(line, no)
+        if mem is not None:
+            run.memory.append(mem)
+            run.format = mem.source if run.format == "unknown" else run.format
+            last_logged = max(last_logged, mem.after)
+            continue
+        if (m := THEO.search(line)):
+            run.theoretical.append(Theoretical(float(m.group(1)),
+                                               float(m.group(2)) if m.group(2) else None,
+                                               float(m.group(3)) if m.group(3) else None, no))
+            continue
+        if (m := PARAMS.search(line)):
+            run.params_billions = _num(m.group(1))
+            continue
+        if DONE.search(line):
+            run.completed = True
+            continue
+        if (m := EXITING.search(line)):
+            run.exit_iteration = int(m.group(1))
+    if run.format == "unknown" and run.iterations:
+        run.format = "bridge" if run.step_times else "unknown"
+    return run
+
+
+def run_name(path: Path, manifest: Optional[dict]) -> str:
+    """A run is named by its manifest, else its directory when the log is `log.txt`, else its file stem."""
+    if manifest and isinstance(manifest.get("name"), str) and manifest["name"]:
+        return manifest["name"]
+    if path.name == "log.txt" and path.parent.name:
+        return path.parent.name
+    return path.stem
+
+
+def read_manifest(path: Path) -> Optional[dict]:
+    """`manifest.json` beside the log (the harness writes run_dir/manifest.json + run_dir/log.txt)."""
+    mpath = path.parent / MANIFEST
+    if not mpath.is_file():
+        return None
+    try:
+        data = json.loads(mpath.read_text(encoding="utf-8", errors="replace"))
+    except (OSError, ValueError) as exc:
+        raise InputError(str(mpath), f"not valid JSON ({exc})") from None
+    if not isinstance(data, dict):
+        raise InputError(str(mpath), "must be a JSON object")
+    return data
+
+
+def manifest_setting(manifest: Optional[dict]) -> Optional[str]:
+    """The recompute setting a manifest names, as text (`[]`, `moe_act`, `block:4`, ...)."""
+    if not manifest:
+        return None
+    s = manifest.get("setting")
+    if isinstance(s, str):
+        return s
+    if isinstance(s, dict):
+        gran = s.get("recompute_granularity", s.get("granularity"))
+        mods = s.get("recompute_modules", s.get("modules"))
+        if gran == "selective":
+            return "[]" if not mods else ",".join(mods)
+        if gran == "full":
+            return f"{s.get('recompute_method', s.get('method'))}:{s.get('recompute_num_layers', s.get('num_layers'))}"
+        if gran in (None, "none"):
+            return "none"
+    return None
+
+
+def parse_file(path: str | Path, name: Optional[str] = None) -> Run:
+    """Parse one log file (and its manifest.json when present)."""
+    p = Path(path)
+    manifest = read_manifest(p)
+    text, replaced = read_text(p)
+    run = parse_text(text, name=name or run_name(p, manifest), path=str(p))
+    run.replaced_bytes = replaced
+    run.manifest = manifest
+    run.setting = manifest_setting(manifest)
+    return run
+
+
+def parse_lines(lines: Iterable[str], name: str = "log") -> Run:
+    return parse_text("\n".join(lines) + "\n", name=name)

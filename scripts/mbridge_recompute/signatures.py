@@ -1,0 +1,249 @@
+"""Error strings that name a recompute cause, as data.
+
+Two sources, one lookup:
+
+* the card's `constraints:` (data/card.yaml): every entry whose `message` is real
+  upstream text is turned into a matcher here, so the string lives once, in the
+  card (`{name}` f-string parts match anything, a trailing `…` matches the rest);
+* `RUNTIME` below: strings the card does not carry -- failures raised outside
+  `TransformerConfig.__post_init__` (forward-time, module-init, training
+  arguments), Megatron-LM `main` rules, and symptoms recognised by exception type
+  plus traceback frames. Each cites its upstream line. An entry may name the
+  card constraint it is the symptom of (`constraint_id`) when the card states the
+  rule but has no matchable message for it (e.g. "runtime only").
+
+A `Signature` matches either any log line (`pattern` only) or an exception
+(`exc_type` and/or `frames`: the exception line must match and its traceback
+must contain one of the frame functions).
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from functools import lru_cache
+from typing import Optional
+
+# card `message` values that are markers, not upstream text
+_NOT_A_MESSAGE = {"", "runtime only", "silent no-op"}
+
+
+@dataclass(frozen=True)
+class Signature:
+    id: str
+    kind: str                    # "config" or "runtime"
+    pattern: str                 # regex searched in the line / exception message
+    fix: str
+    source: str
+    cause: str = ""
+    severity: str = "error"
+    constraint_id: Optional[str] = None
+    exc_type: Optional[str] = None          # exception class name (last dotted part)
+    frames: tuple = ()                      # one of these functions must be in the traceback
+    anchor: str = ""                        # literal substring every match contains (fast prefilter)
+
+    @property
+    def regex(self) -> re.Pattern:
+        return _compile(self.pattern)
+
+
+@lru_cache(maxsize=None)
+def _compile(pattern: str) -> re.Pattern:
+    return re.compile(pattern)
+
+
+def message_regex(message: str) -> tuple:
+    """(regex, anchor) for an upstream message with `{f-string parts}` and `…` elisions."""
+    text = message.strip()
+    parts = re.split(r"(\{[^{}]*\}|…|\.\.\.$)", text)
+    out, literals = [], []
+    for part in parts:
+        if not part:
+            continue
+        if part.startswith("{") and part.endswith("}"):
+            out.append(r".*?")
+        elif part in ("…", "..."):
+            out.append(r".*")
+        else:
+            literals.append(part.strip())
+            out.append(r"\s+".join(re.escape(w) for w in part.split(" ") if w) if part.strip() else r"\s*")
+            if part.startswith(" "):
+                out[-1] = r"\s*" + out[-1]
+            if part.endswith(" "):
+                out[-1] = out[-1] + r"\s*"
+    anchor = max(literals, key=len, default="")
+    # the anchor must survive whitespace differences: take its longest space-free run
+    anchor = max(anchor.split(" "), key=len, default="")
+    return "".join(out), anchor
+
+
+def _sig(id, kind, message, fix, source, cause="", **kw) -> Signature:
+    pattern, anchor = message_regex(message)
+    return Signature(id=id, kind=kind, pattern=pattern, anchor=anchor, fix=fix, source=source,
+                     cause=cause, **kw)
+
+
+# Strings the card does not carry. Messages are upstream text; `source` is `file:line @ version`
+# (0.16.1 = core_v0.16.1, main = Megatron-LM d98e8a6, MLM paths start with megatron/training).
+RUNTIME: tuple = (
+    # ---- recompute mechanisms (tensor_parallel/random.py, transformer_block.py)
+    _sig("checkpoint-with-autograd-grad", "runtime",
+         "Checkpointing is not compatible with .grad(), please use .backward() if possible",
+         "drive the backward pass with loss.backward() (not torch.autograd.grad) or drop the recompute "
+         "for this module", "tensor_parallel/random.py:539,676 @ core_v0.16.1",
+         cause="a checkpointed region was differentiated with torch.autograd.grad"),
+    Signature(id="uniform-index-error", kind="runtime", constraint_id="uniform-num-layers-not-dividing-chunk",
+              pattern=r"index -?\d+ is out of range", anchor="out of range", exc_type="IndexError",
+              frames=("_checkpointed_forward", "custom_forward", "_get_layer"),
+              cause="full recompute with recompute_method=uniform and a recompute_num_layers that does not "
+                    "divide the layers of each model chunk (0.16.1 indexes past the chunk)",
+              fix="choose recompute_num_layers dividing the layers per model chunk (num_layers / PP / VPP), "
+                  "or use recompute_method=block",
+              source="transformer/transformer_block.py:528-537,443-444 @ core_v0.16.1"),
+    Signature(id="full-recompute-fp8-without-te", kind="runtime", pattern=r"'NoneType' object is not callable",
+              anchor="NoneType", exc_type="TypeError", frames=("checkpoint_handler", "_checkpointed_forward"),
+              cause="full recompute with fp8/fp4 calls te_checkpoint, which is None without Transformer Engine",
+              fix="install Transformer Engine, or run full recompute without fp8/fp4",
+              source="transformer/transformer_block.py:52,505-518 @ core_v0.16.1"),
+    _sig("te-checkpoint-needs-te", "runtime",
+         "Transformer Engine is not installed. Please install it with `pip install transformer-engine`.",
+         "install Transformer Engine (the fp8/fp4 checkpoint path needs it) or drop fp8/fp4",
+         "extensions/transformer_engine.py:2262-2270 @ core_v0.16.1",
+         cause="te_checkpoint (fp8/fp4 recompute) without Transformer Engine"),
+    _sig("save-original-input-needs-te-2-6", "runtime",
+         "set_save_original_input is only needed on transformer-engine modules that save quantized tensors "
+         "by default. It needs transformer-engine>=2.6.0dev0.",
+         "upgrade Transformer Engine to >= 2.6, or drop layernorm/moe_act from recompute_modules under fp8/fp4",
+         "extensions/transformer_engine.py:2501-2518 @ core_v0.16.1",
+         cause="layernorm/moe_act recompute under fp8/fp4 on a Transformer Engine older than 2.6"),
+    _sig("layernorm-recompute-attention-override", "runtime",
+         "set_for_recompute_input_layernorm is not implemented.",
+         "drop layernorm from recompute_modules for this attention class (e.g. cross attention) under fp8",
+         "transformer/attention.py:1226-1228 @ core_v0.16.1",
+         cause="layernorm recompute with fp8 on an attention class without an override"),
+    _sig("num-layers-divisible-by-pp", "runtime", "num_layers should be divisible by pipeline_model_parallel_size",
+         "make num_layers divisible by pipeline_model_parallel_size, or use the uneven-PP options",
+         "transformer/transformer_block.py:155-157 @ core_v0.16.1",
+         cause="the model build needs an even layer split across pipeline stages"),
+    Signature(id="te-version-none", kind="runtime",
+              pattern=r"'>=' not supported between instances of 'NoneType' and 'Version'", anchor="'Version'",
+              exc_type="TypeError",
+              cause="megatron-core 0.16.1 compares the Transformer Engine version inside __post_init__ "
+                    "(fp8 + layernorm/moe_act, fp8 + MoE) and TE is not installed",
+              fix="install Transformer Engine (>= 2.6 for fp8 layernorm/moe_act recompute), or drop fp8",
+              source="transformer/transformer_config.py:1248-1253,1599-1611 @ core_v0.16.1"),
+    # ---- CUDA graphs and EP overlap (transformer_config.py rules the card leaves out)
+    _sig("cuda-graph-impl-invalid", "config", "Invalid cuda graph implementation: {impl}",
+         "set cuda_graph_impl to transformer_engine or local (main also: none, full_iteration)",
+         "transformer/transformer_config.py:1716-1720 @ core_v0.16.1; tc:2778-2783 @ main"),
+    _sig("ep-overlap-needs-torch-2-6", "config", "A2A Overlap encounters hang issue with torch version < 2.6.0",
+         "upgrade torch to >= 2.6 or disable overlap_moe_expert_parallel_comm",
+         "transformer/transformer_config.py:1854-1856 @ core_v0.16.1"),
+    _sig("delay-wgrad-legacy-grouped-gemm", "config",
+         "delay_wgrad_compute is not supported with legacy groupedgemm implementation",
+         "set moe_use_legacy_grouped_gemm=false or delay_wgrad_compute=false",
+         "transformer/transformer_config.py:1913-1915 @ core_v0.16.1"),
+    _sig("delay-wgrad-needs-te-2-10", "config",
+         "TE version >= 2.10.0 is required for delay_wgrad_compute with partial cuda graph",
+         "upgrade Transformer Engine to >= 2.10, or disable delay_wgrad_compute or the partial CUDA graph",
+         "transformer/transformer_config.py:1916-1920 @ core_v0.16.1"),
+    _sig("early-attn-release-needs-ep-overlap", "config",
+         "overlap_moe_expert_parallel_comm must be enabled when enabling ep_overlap_early_attn_memory_release",
+         "enable overlap_moe_expert_parallel_comm or disable ep_overlap_early_attn_memory_release",
+         "transformer/transformer_config.py:1922-1926 @ core_v0.16.1"),
+    _sig("gtp-graph-shared-experts-fp8", "config",
+         "GTP + local CUDA graphs that capture shared_experts (moe_router/moe scope) cannot recompute it "
+         "under fp8/fp4: …",
+         "drop shared_experts from recompute_modules, or keep shared experts out of the local CUDA graph",
+         "transformer/transformer_config.py:2908-2927 @ main (d98e8a6)"),
+    # ---- mhc (Megatron-LM main only)
+    _sig("mhc-needs-connections", "config", "'mhc' in recompute_modules requires enable_mhc_connections=True.",
+         "set enable_mhc_connections=true or drop mhc from recompute_modules",
+         "transformer/transformer_config.py:2028-2051 @ main (d98e8a6)"),
+    _sig("mhc-with-mlp", "config",
+         "'mhc' and 'mlp' in recompute_modules cannot be used together. They use different checkpoint "
+         "mechanisms that may conflict.", "recompute either mhc or mlp, not both",
+         "transformer/transformer_config.py:2028-2051 @ main (d98e8a6)"),
+    _sig("mhc-layer-num", "config",
+         "mhc_recompute_layer_num must be a positive integer when 'mhc' is in recompute_modules.",
+         "set mhc_recompute_layer_num >= 1", "transformer/transformer_config.py:2028-2051 @ main (d98e8a6)"),
+    _sig("mhc-with-fine-grained-offloading", "config",
+         "'mhc' in recompute_modules + fine_grained_activation_offloading is not yet supported. …",
+         "drop mhc from recompute_modules or disable fine_grained_activation_offloading",
+         "transformer/transformer_config.py:2028-2051 @ main (d98e8a6)"),
+    _sig("mhc-with-full-recompute", "config",
+         "enable_mhc_connections is not yet compatible with full activation recompute. Use selective recompute "
+         "with 'mhc' in recompute_modules, or disable activation recompute.",
+         "use recompute_granularity=selective with mhc in recompute_modules",
+         "transformer/transformer_config.py:2069-2074 @ main (d98e8a6)"),
+    _sig("mhc-not-recomputed", "config",
+         "HyperConnections are enabled but 'mhc' is not in recompute_modules with selective recompute. "
+         "Consider adding 'mhc' …", "add mhc to recompute_modules (selective) if hyper-connection "
+         "activations dominate", "transformer/transformer_config.py:2053-2060 @ main (d98e8a6)",
+         severity="warning"),
+    _sig("gdp-qkv-offload-with-in-proj-recompute", "config",
+         "gdp_qkv cannot be set in offload_modules together with gdp_in_proj in recompute_modules, …",
+         "offload gdp_qkv or recompute gdp_in_proj, not both",
+         "transformer/transformer_config.py @ main (d98e8a6), offloading block"),
+    # ---- Megatron-LM training arguments the card leaves out (megatron/training/arguments.py)
+    _sig("checkpoint-activations-removed", "config",
+         "--checkpoint-activations is no longer valid, use --recompute-activations, or, for more control, "
+         "--recompute-granularity and --recompute-method.",
+         "replace --checkpoint-activations with --recompute-activations (selective) or "
+         "--recompute-granularity full --recompute-method uniform|block --recompute-num-layers N",
+         "megatron/training/arguments.py:424-432 @ core_v0.16.1"),
+    _sig("fine-grained-offloading-needs-te", "config",
+         "Fine-grained activation offloading is only supported with transformer_engine implementation",
+         "use transformer_impl=transformer_engine or disable fine_grained_activation_offloading",
+         "megatron/training/arguments.py:1222-1227 @ core_v0.16.1"),
+)
+
+
+@lru_cache(maxsize=1)
+def card_signatures() -> tuple:
+    """One matcher per card constraint whose `message` is upstream text."""
+    from mbridge_recompute import card
+
+    out = []
+    for c in card.constraints():
+        msg = (c.get("message") or "").strip()
+        if msg in _NOT_A_MESSAGE or len(msg) < 12:
+            continue
+        pattern, anchor = message_regex(msg)
+        kind = "config" if c.get("kind") in ("config", "training-args") else "runtime"
+        out.append(Signature(id=c["id"], kind=kind, pattern=pattern, anchor=anchor, fix=c.get("fix", ""),
+                             source=c.get("source", ""), cause=c.get("condition", ""),
+                             severity=c.get("severity", "error"), constraint_id=c["id"]))
+    return tuple(out)
+
+
+def all_signatures() -> tuple:
+    """Card matchers first (the card is the source of truth), then the runtime table."""
+    card_msgs = {s.pattern for s in card_signatures()}
+    return card_signatures() + tuple(s for s in RUNTIME if s.pattern not in card_msgs)
+
+
+def match_line(line: str, sigs: tuple) -> Optional[Signature]:
+    for s in sigs:
+        if s.exc_type or s.frames:
+            continue
+        if s.anchor and s.anchor not in line:
+            continue
+        if s.regex.search(line):
+            return s
+    return None
+
+
+def match_exception(exc_type: str, message: str, frames: list, sigs: tuple) -> Optional[Signature]:
+    funcs = {f.func for f in frames}
+    short = exc_type.rsplit(".", 1)[-1]
+    for s in sigs:
+        if not (s.exc_type or s.frames):
+            continue
+        if s.exc_type and s.exc_type != short:
+            continue
+        if s.frames and not funcs & set(s.frames):
+            continue
+        if s.regex.search(message):
+            return s
+    return None
