@@ -1,0 +1,92 @@
+"""How fast `plan` answers on a DeepSeek-V3-sized workload with the full candidate search.
+
+Runs `scripts/plan.py --model deepseek-v3 --set ... --json` as a subprocess
+(61 layers, MLA + MoE, PP 16 with VPP 2, EP 64, TP 2) several times and prints
+wall time, the child's peak RSS (resource.getrusage(RUSAGE_CHILDREN)), how many
+candidates were searched, and whether torch was imported. A figure, not a
+pass/fail test; the target is well under 1 s.
+
+    .venv/bin/python benchmarks/speed.py [--repeat 5]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+# DeepSeek-V3 on 1024 GPUs: the catalog's cited recipe layout (TP 2, PP 16, EP 64) with VPP 2.
+# 61 layers over 16 x 2 chunks: 3 on the first stage (embedding side) and 2 on the last,
+# 4 on each of the 14 middle stages (2 per chunk).
+WORKLOAD_ARGS = [
+    "--model", "deepseek-v3",
+    "--set", "model.virtual_pipeline_model_parallel_size=2",
+    "--set", "model.num_layers_in_first_pipeline_stage=3",
+    "--set", "model.num_layers_in_last_pipeline_stage=2",
+]
+
+# Wraps the real script: reports, at exit, whether torch or megatron got imported.
+PROBE = (
+    "import atexit, runpy, sys\n"
+    "def _report():\n"
+    "    sys.stderr.write('IMPORTED torch=%s megatron=%s\\n' % ('torch' in sys.modules, "
+    "any(m.startswith('megatron') for m in sys.modules)))\n"
+    "atexit.register(_report)\n"
+    "sys.argv = sys.argv[1:]\n"
+    "runpy.run_path(sys.argv[0], run_name='__main__')\n"
+)
+
+
+def run_once(extra: list[str]) -> dict:
+    env = dict(os.environ)
+    env.pop("PYTHONPATH", None)
+    before = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
+    t0 = time.perf_counter()
+    proc = subprocess.run([sys.executable, "-c", PROBE, str(ROOT / "scripts" / "plan.py"),
+                           *WORKLOAD_ARGS, *extra, "--json"],
+                          capture_output=True, text=True, cwd=ROOT, env=env, stdin=subprocess.DEVNULL)
+    wall = time.perf_counter() - t0
+    rss_kib = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss  # max over children so far
+    imported = next((ln for ln in proc.stderr.splitlines() if ln.startswith("IMPORTED")), "IMPORTED ?")
+    try:
+        report = json.loads(proc.stdout)
+    except json.JSONDecodeError:
+        report = {}
+    return {"rc": proc.returncode, "wall_s": wall, "peak_rss_mib": rss_kib / 1024,
+            "rss_grew": rss_kib > before, "imported": imported.split(" ", 1)[1],
+            "candidates": len(report.get("candidates", [])), "frontier": len(report.get("frontier", [])),
+            "recommendation": (report.get("recommendation") or {}).get("name"),
+            "stderr_tail": proc.stderr.strip().splitlines()[-3:] if proc.returncode not in (0, 1) else []}
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--repeat", type=int, default=5)
+    args = ap.parse_args(argv)
+    runs = [run_once([]) for _ in range(max(1, args.repeat))]
+    first = runs[0]
+    if first["rc"] not in (0, 1):
+        print("plan failed:", *first["stderr_tail"], sep="\n  ")
+        return 1
+    walls = [r["wall_s"] for r in runs]
+    print("plan on DeepSeek-V3 (61 layers, TP2 PP16 VPP2 EP64), full candidate search")
+    print(f"  runs: {len(runs)}, exit code {first['rc']}")
+    print(f"  wall time: median {statistics.median(walls):.3f} s, min {min(walls):.3f} s, "
+          f"max {max(walls):.3f} s (process start to exit, incl. interpreter start-up)")
+    print(f"  peak RSS of the plan process: {max(r['peak_rss_mib'] for r in runs):.1f} MiB")
+    print(f"  candidates searched: {first['candidates']}, on the frontier: {first['frontier']}, "
+          f"recommended: {first['recommendation']}")
+    print(f"  imported: {first['imported']}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,185 @@
+"""`plan`: per-rank memory, per-label saving and cost, and the cheapest setting that fits."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from mbridge_recompute.errors import EXIT_OK, EXIT_PROBLEM, InputError
+
+DESCRIPTION = ("Estimate per-pipeline-rank memory, each recompute label's saving and replay cost, "
+               "and recommend the cheapest recompute setting whose predicted peak fits the budget. "
+               "With no workload it plans the embedded default (Llama3 70B FP8, TP4 PP4 VPP5, 32 x 80 GB).")
+EPILOG = """examples:
+  plan.py                                        # the embedded default workload
+  plan.py examples/moonlight_16b.yaml --budget-gb 36.1 --json
+  plan.py --model deepseek-v3 --set model.virtual_pipeline_model_parallel_size=2
+  plan.py WORKLOAD.yaml --measured-peak-gb 66.3  # anchor to the measured [] control peak
+  plan.py WORKLOAD.yaml --json > plan.json && run_harness.py --from-plan plan.json ...
+
+exit codes: 0 a fitting setting exists, 1 nothing fits the budget, 2 unusable input."""
+
+GB = 1e9
+
+
+def add_arguments(parser) -> None:
+    from mbridge_recompute.loading import add_workload_arguments
+
+    add_workload_arguments(parser)
+    parser.add_argument("--budget-gb", type=float, metavar="GB",
+                        help="per-GPU memory budget in decimal GB (default: cluster.gpu_memory_gb "
+                             "minus max(5%%, 2 GB))")
+    cal = parser.add_mutually_exclusive_group()
+    cal.add_argument("--measured-peak-gb", type=float, metavar="GB",
+                     help="measured peak allocated GB of the selective [] control run; anchors predictions")
+    cal.add_argument("--measured", metavar="COMPARE.json",
+                     help="`compare --json` output; its control run's peak_allocated_gb anchors predictions")
+    parser.add_argument("--json", action="store_true", help="one JSON object on stdout (sizes in bytes)")
+    parser.add_argument("--plot", metavar="FILE.png", help="draw the memory/cost frontier (needs matplotlib)")
+    parser.add_argument("--force", action="store_true", help="overwrite the --plot file if it exists")
+    parser.add_argument("--top", type=int, metavar="N",
+                        help="show only the N cheapest frontier points (text and JSON)")
+
+
+def run(args) -> int:
+    from mbridge_recompute import selector
+    from mbridge_recompute.loading import load_workload
+
+    if args.top is not None and args.top < 1:
+        raise InputError("--top", f"must be >= 1, got {args.top}")
+    if args.plot:
+        _check_plot_target(Path(args.plot), args.force)
+    w = load_workload(args.workload, args.sets, model=args.model, hf_config=args.hf_config,
+                      mcore_version=args.mcore_version, default=True)
+    measured, source = args.measured_peak_gb, "--measured-peak-gb"
+    if args.measured:
+        measured, source = selector.measured_peak_from_compare(args.measured), f"--measured {args.measured}"
+    report = selector.plan(w, budget_gb=args.budget_gb, measured_peak_gb=measured,
+                           measured_source=source, version=args.mcore_version)
+    if args.top is not None:
+        report["frontier"] = report["frontier"][:args.top]
+    if args.plot:
+        report["plot"] = _plot(report, Path(args.plot))
+    from mbridge_recompute.output import emit
+
+    emit(report, args.json, lambda r: render_text(r, args.top or 15))
+    return EXIT_OK if report["fits"] else EXIT_PROBLEM
+
+
+# --------------------------------------------------------------------------- text
+
+def _gb(n) -> str:
+    return f"{n / GB:.2f}"
+
+
+def render_text(r: dict, top: int = 15) -> str:
+    from mbridge_recompute.output import table
+
+    wl = r["workload"]
+    out = [f"workload: {wl['num_layers']} layers, hidden {wl['hidden_size']}, TP{wl['tp']} PP{wl['pp']} "
+           f"VPP{wl['vpp']} CP{wl['cp']} EP{wl['ep']} DP{wl['dp']}, seq {wl['seq_length']}, "
+           f"MBS {wl['micro_batch_size']}, {wl['num_microbatches']} micro-batches, "
+           f"{wl['gpu_memory_gb']:g} GB GPUs; recompute now: {wl['recompute']}",
+           f"budget: {_gb(r['budget_bytes'])} GB per GPU (sizes below in decimal GB)", ""]
+
+    # per-rank memory under the current setting, activations by component
+    comps: dict = {}
+    for rank in r["ranks"]:
+        for k, v in rank["activations"].items():
+            comps[k] = comps.get(k, 0) + v
+    shown = [k for k, _ in sorted(comps.items(), key=lambda kv: -kv[1])][:6]
+    headers = ["pp_rank", "static"] + [f"act:{k}" for k in shown]
+    if len(comps) > len(shown):
+        headers.append("act:other")
+    headers += ["activations", "transient", "peak", "peak term"]
+    rows = []
+    for rank in r["ranks"]:
+        row = [rank["pp_rank"], _gb(rank["static_bytes"])]
+        row += [_gb(rank["activations"].get(k, 0)) for k in shown]
+        if len(comps) > len(shown):
+            row.append(_gb(sum(v for k, v in rank["activations"].items() if k not in shown)))
+        row += [_gb(rank["activation_bytes"]), _gb(rank["transient_bytes"]), _gb(rank["peak_bytes"]),
+                rank["peak_term"]]
+        rows.append(row)
+    out += [f"memory per pipeline rank (current setting; hottest rank {r['hottest_pp_rank']})",
+            table(headers, rows, "r" * (len(headers) - 1) + "l"), ""]
+
+    rows = [[e["label"], "yes" if e["applicable"] else "no", _gb(e["saving_bytes"]) if e["applicable"] else "-",
+             f"{e['cost_pct']:.2f}" if e["applicable"] else "-", e["reason"]] for e in r["labels"]]
+    out += ["recompute labels (saving on the hottest rank vs the [] control)",
+            table(["label", "applies", "saving GB", "cost %", "why"], rows, "llrrl"), ""]
+
+    rows = [[c["name"], _gb(c["peak_bytes"]), f"{c['cost_pct']:.2f}", "yes" if c["fits"] else "no",
+             c["peak_term"]] for c in r["frontier"][:top]]
+    more = len(r["frontier"]) - min(top, len(r["frontier"]))
+    dominated = sum(1 for c in r["candidates"] if c["dominated"])
+    rejected = [c for c in r["candidates"] if not c["allowed"]]
+    out += [f"frontier (peak vs replay cost; {dominated} dominated and {len(rejected)} rejected "
+            f"candidates not shown{f', {more} more points' if more > 0 else ''})",
+            table(["candidate", "peak GB", "cost %", "fits", "peak term"], rows, "lrrll")]
+    for c in rejected[:5]:
+        out.append(f"  rejected {c['name']}: {', '.join(c['rejected_by'])}")
+    out.append("")
+
+    rec = r["recommendation"]
+    if rec is None:
+        out.append("recommendation: none (every candidate is rejected by the checker)")
+    else:
+        verdict = "fits" if rec["fits"] else "does NOT fit"
+        out.append(f"recommendation: {rec['describe']} ({rec['name']}): predicted peak {_gb(rec['peak_bytes'])} GB "
+                   f"on pp_rank {rec['hottest_pp_rank']}, replay cost {rec['cost_pct']:.2f} %, {verdict} "
+                   f"the {_gb(rec['budget_bytes'])} GB budget")
+        snip = rec["snippets"]
+        if snip.get("yaml"):
+            out += ["", "Bridge YAML:", snip["yaml"].rstrip()]
+        if snip.get("overrides"):
+            out += ["", "Hydra overrides: " + " ".join(snip["overrides"])]
+        out += ["", "matched sweep candidates: " + " ".join(r["harness_candidates"]),
+                "  " + rec["caveat"]]
+    if r.get("workload_findings"):
+        out += ["", "errors under every setting (fix the workload first):"]
+        out += [f"  {f['id']}: {f['message']}" for f in r["workload_findings"]]
+    out += ["", "assumptions:"] + [f"  - {a}" for a in r["assumptions"]]
+    return "\n".join(out)
+
+
+# --------------------------------------------------------------------------- plot
+
+def _check_plot_target(path: Path, force: bool) -> None:
+    if path.suffix.lower() not in (".png", ".svg", ".pdf"):
+        raise InputError("--plot", f"{path}: use a .png, .svg or .pdf file name")
+    if path.exists() and not force:
+        raise InputError("--plot", f"{path} exists; pass --force to overwrite it")
+    if not path.parent.exists():
+        raise InputError("--plot", f"no such directory: {path.parent}")
+
+
+def _plot(r: dict, path: Path) -> str:
+    try:
+        import matplotlib
+    except ImportError:
+        raise InputError("--plot", "needs matplotlib (pip install 'mbridge-recompute[plot]')") from None
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(8, 5))
+    allowed = [c for c in r["candidates"] if c["allowed"]]
+    dom = [c for c in allowed if c["dominated"]]
+    front = sorted((c for c in allowed if not c["dominated"]), key=lambda c: c["cost_pct"])
+    ax.scatter([c["cost_pct"] for c in dom], [c["peak_bytes"] / GB for c in dom], s=12, c="0.7",
+               label="dominated")
+    ax.plot([c["cost_pct"] for c in front], [c["peak_bytes"] / GB for c in front], "o-", label="frontier")
+    for c in front[:12]:
+        ax.annotate(c["name"], (c["cost_pct"], c["peak_bytes"] / GB), fontsize=7,
+                    xytext=(4, 3), textcoords="offset points")
+    ax.axhline(r["budget_bytes"] / GB, color="r", ls="--", lw=1, label="budget")
+    rec = r["recommendation"]
+    if rec:
+        ax.scatter([rec["cost_pct"]], [rec["peak_bytes"] / GB], s=90, facecolors="none", edgecolors="g",
+                   label=f"recommended: {rec['name']}")
+    ax.set_xlabel("modelled replay cost (% of step)")
+    ax.set_ylabel("predicted peak on the hottest rank (GB)")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return str(path)
