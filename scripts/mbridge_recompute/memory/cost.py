@@ -1,9 +1,166 @@
-"""Replayed forward work (FLOPs plus communication) as a share of the step."""
+"""Replayed forward work (FLOPs plus communication) as a share of the step.
+
+Per rank and per micro-batch: a GEMM costs 2 FLOPs per weight per token; attention
+scores cost 2*s*(d_qk + d_v) FLOPs per head per token times the causal factor; the
+step is forward + backward = 3x the forward FLOPs (the usual 6*N*tokens plus the
+attention terms). Replayed communication (SP all-gather / reduce-scatter of a
+replayed TP region, MoE dispatch and combine all-to-alls) and replayed memory-bound
+kernels (norms, activations) are converted to FLOP-equivalents with the two
+`Knobs` rates. Percentages average over all layers of the model.
+"""
 
 from __future__ import annotations
 
+from functools import lru_cache
+
+from mbridge_recompute.memory.shape import Shape
+from mbridge_recompute.memory.static import layer_parts
 from mbridge_recompute.memory.types import DEFAULT_KNOBS, Knobs
 
 
+def _tokens_rank(sh: Shape) -> float:
+    """Token-GEMM work per rank: a TP x CP group shares one micro-batch's tokens."""
+    return sh.s * sh.b / (sh.t * sh.c)
+
+
+def _gemm_flops(sh: Shape, kind: str, names: tuple | None = None) -> float:
+    """Forward GEMM FLOPs of a layer's weights per rank (routed experts: top-k of E)."""
+    S = _tokens_rank(sh)
+    total = 0.0
+    for part in layer_parts(sh, kind):
+        if not part.linear and part.name != "router":
+            continue
+        if names is not None and part.name not in names:
+            continue
+        n = part.count
+        if part.split == "expert":
+            n = part.count * sh.k / max(sh.E, 1)
+        total += 2 * n * S
+    return total
+
+
+def _attn_core_flops(sh: Shape, knobs: Knobs) -> float:
+    dqk = (sh.dqk + sh.dr) if sh.mla else sh.d
+    dv = sh.dv if sh.mla else sh.d
+    return 2 * sh.s * sh.a * (dqk + dv) * _tokens_rank(sh) * knobs.attention_flops_factor
+
+
+def _tp_comm_bytes(sh: Shape, regions: int) -> float:
+    """Bytes per rank moved by `regions` TP collectives over a [T, h] activation."""
+    if sh.t <= 1:
+        return 0.0
+    one = sh.elt * sh.h * sh.T * (sh.t - 1) / sh.t
+    return regions * one * (1 if sh.sp else 2)     # all-reduce ~ 2x an all-gather
+
+
+def _a2a_bytes(sh: Shape) -> float:
+    """Dispatch + combine all-to-all bytes per rank for one MoE layer forward."""
+    if sh.ep <= 1 and sh.etp <= 1:
+        return 0.0
+    return 2 * sh.elt * sh.h * sh.n_routed() * (sh.ep - 1) / max(sh.ep, 1)
+
+
+ATTN_NAMES = ("qkv projection", "output projection", "q down-projection", "q up-projection",
+              "q projection", "kv down-projection", "kv up-projection")
+MLP_NAMES = ("MLP fc1/fc2",)
+MOE_NAMES = ("router", "routed experts", "shared experts")
+
+
+@lru_cache(maxsize=1024)
+def layer_forward_flops(sh: Shape, kind: str, knobs: Knobs) -> float:
+    f = _gemm_flops(sh, kind)
+    if kind in ("attn+mlp", "attn+moe", "attn"):
+        f += _attn_core_flops(sh, knobs)
+    if kind == "mamba":
+        # SSD scan: ~ 2 * d_inner * d_state * 3 per token (coarse)
+        f += 6 * sh.mamba_heads * sh.mamba_head_dim * sh.mamba_state * _tokens_rank(sh)
+    return f
+
+
+def output_forward_flops(sh: Shape) -> float:
+    return 2 * sh.vocab * sh.h * _tokens_rank(sh)
+
+
+def _membound(sh: Shape, elements: float, knobs: Knobs) -> float:
+    return elements * sh.elt * knobs.memory_bound_flops_per_byte
+
+
+@lru_cache(maxsize=8192)
+def layer_replay_flops(sh: Shape, kind: str, mods: frozenset, knobs: Knobs) -> float:
+    """FLOP-equivalent of what the selective labels `mods` replay in one layer's backward."""
+    has_attn = kind in ("attn+mlp", "attn+moe", "attn")
+    has_mlp = kind in ("attn+mlp", "mlp")
+    has_moe = kind in ("attn+moe", "moe")
+    cfb = knobs.comm_flops_per_byte
+    T, Tr, h = sh.T, sh.Tr, sh.h
+    out = 0.0
+    if "core_attn" in mods and has_attn:
+        out += _attn_core_flops(sh, knobs)
+    if "mla_up_proj" in mods and has_attn and sh.mla:
+        out += _gemm_flops(sh, kind, ("q up-projection", "kv up-projection"))
+        out += _tp_comm_bytes(sh, 2) * cfb if sh.sp else 0.0
+    if "layernorm" in mods:
+        norms = 0
+        if not sh.te:
+            norms = (1 if has_attn else 0) + (1 if (has_mlp or has_moe) else 0)
+        else:
+            norms = (1 if (has_attn and sh.mla) else 0) + (1 if has_moe else 0)
+        out += norms * _membound(sh, 2 * h * Tr, knobs)
+    if "mlp" in mods and has_mlp:
+        out += _gemm_flops(sh, kind, MLP_NAMES) + _tp_comm_bytes(sh, 2) * cfb
+        out += _membound(sh, 3 * sh.f / sh.t * T, knobs)
+    if has_moe:
+        n = sh.n_routed()
+        f_e = sh.f_e / sh.etp
+        if "moe" in mods:
+            out += _gemm_flops(sh, kind, MOE_NAMES) + _a2a_bytes(sh) * cfb
+            out += _membound(sh, 3 * f_e * n, knobs)
+            if sh.f_s:
+                out += _tp_comm_bytes(sh, 2) * cfb
+        else:
+            if "moe_act" in mods and sh.grouped:
+                out += _membound(sh, 3 * f_e * n, knobs)
+            if "shared_experts" in mods and sh.f_s:
+                out += _gemm_flops(sh, kind, ("shared experts",)) + _tp_comm_bytes(sh, 2) * cfb
+    if "gdn_norm_out" in mods and kind == "gdn":
+        out += _membound(sh, 2 * sh.gdn_v / sh.t * T, knobs)
+    return out
+
+
+@lru_cache(maxsize=1024)
+def layer_full_replay_flops(sh: Shape, kind: str, knobs: Knobs) -> float:
+    """A whole layer's forward replayed by full recompute, with its TP / EP communication."""
+    f = layer_forward_flops(sh, kind, knobs)
+    regions = sum(1 for blk in ("attn", "mlp", "mamba", "gdn") if blk in kind.split("+"))
+    f += _tp_comm_bytes(sh, 2 * regions) * knobs.comm_flops_per_byte
+    if "moe" in kind.split("+"):
+        f += _a2a_bytes(sh) * knobs.comm_flops_per_byte
+        if sh.f_s:
+            f += _tp_comm_bytes(sh, 2) * knobs.comm_flops_per_byte
+    return f
+
+
+def replay_and_step_flops(w, knobs: Knobs = DEFAULT_KNOBS) -> tuple:
+    """(replayed FLOP-equivalents, step FLOPs) per micro-batch summed over all layers."""
+    from mbridge_recompute.memory.recompute import full_recompute_units, modules_of
+    from mbridge_recompute.memory.shape import shape_of
+
+    sh = shape_of(w, knobs)
+    kinds = w.layer_kinds()
+    forward = sum(layer_forward_flops(sh, k, knobs) for k in kinds) + output_forward_flops(sh)
+    step = 3 * forward
+    replay = 0.0
+    if w.recompute_granularity == "full":
+        for kind, recomputed in full_recompute_units(w):
+            if recomputed:
+                replay += layer_full_replay_flops(sh, kind, knobs)
+    elif w.recompute_granularity == "selective":
+        mods = modules_of(w)
+        replay = sum(layer_replay_flops(sh, k, mods, knobs) for k in kinds)
+    return replay, step
+
+
 def replay_cost_pct(w, knobs: Knobs = DEFAULT_KNOBS) -> float:
-    raise NotImplementedError("being written")
+    """Replayed forward FLOPs (+ communication) of w's own setting as % of the step's FLOPs."""
+    replay, step = replay_and_step_flops(w, knobs)
+    return 100.0 * replay / step if step else 0.0

@@ -1,9 +1,283 @@
-"""Per-PP-rank peak: static + saved activations of the in-flight micro-batches + largest transient."""
+"""Per-PP-rank peak: static + saved activations of the in-flight micro-batches + largest transient.
+
+The peak is not the sum of all saved activations. On each rank it is reached at
+the schedule's worst moment: the in-flight vector (live forwards per model chunk,
+see schedule.py) with the most saved bytes, plus the largest transient that can
+coincide with it:
+- the forward working set of one layer (SP all-gather buffer, the fused QKV GEMM
+  output before TE attention copies it, the MoE dispatch receive buffer);
+- the gradient buffers of one layer in backward (the gradient of its largest saved
+  tensor, a gathered [T, h] gradient and the residual gradient);
+- the recompute replay working set (full uniform: a whole group of n layers at once;
+  full block: one layer; selective: the re-materialised tensors of one layer) on top
+  of those gradient buffers;
+- on the last stage, the logits and cross-entropy: 16-bit logits plus an fp32
+  temporary [T, V/t] on top of the saved fp32 softmax.
+"""
 
 from __future__ import annotations
 
-from mbridge_recompute.memory.types import DEFAULT_KNOBS, Knobs, MemoryEstimate
+from functools import lru_cache
+from typing import NamedTuple
+
+from mbridge_recompute.memory.recompute import chunk_groups, layout_of, modules_of
+from mbridge_recompute.memory.schedule import inflight_vectors
+from mbridge_recompute.memory.shape import Shape, shape_of
+from mbridge_recompute.memory.static import rank_params, static_bytes
+from mbridge_recompute.memory.tensors import (checkpoint_bytes, embedding_tensors, largest_tensor,
+                                              layer_bytes, layer_components, layer_tensors,
+                                              output_tensors)
+from mbridge_recompute.memory.types import DEFAULT_KNOBS, Knobs, MemoryEstimate, RankMemory
+
+NONE = frozenset()
+
+TERM_LOGITS = "logits+cross-entropy (fp32) on the last stage"
+TERM_GRADS = "gradient buffers of one layer during backward"
+TERM_FORWARD = "forward working set of one layer (SP all-gather, QKV and dispatch buffers)"
+
+
+def _replay_term(layers: int, full: bool) -> str:
+    if full:
+        return (f"full-recompute replay working set ({layers} layer"
+                f"{'s' if layers != 1 else ''} at once) plus gradient buffers during backward")
+    return "selective-recompute replay of one layer plus gradient buffers during backward"
+
+
+class RecomputeMode(NamedTuple):
+    granularity: str | None
+    mods: frozenset
+    method: str | None
+    num_layers: int | None
+    distribute: bool
+
+
+class ChunkMemory(NamedTuple):
+    saved: float                 # bytes kept per micro-batch in flight
+    components: dict
+    fwd_ws: float
+    bwd_ws: float
+    replay_ws: float             # 0 when nothing is replayed
+    replay_layers: int
+
+
+def _forward_ws(sh: Shape, kind: str, mods: frozenset) -> float:
+    blocks = kind.split("+")
+    gather = 0.0
+    if sh.sp and sh.t > 1:
+        gather = (sh.q_bytes if sh.te else sh.elt) * sh.h * sh.T
+    extra = 0.0
+    if "attn" in blocks:
+        heads = sh.a_ + 2 * sh.g_ if not sh.mla else 3 * sh.a_
+        width = sh.d if not sh.mla else sh.dqk + sh.dr
+        extra = max(extra, sh.elt * heads * width * sh.T)
+    if "moe" in blocks:
+        extra = max(extra, sh.elt * sh.h * sh.n_routed())
+    return gather + extra
+
+
+def _bwd_ws(sh: Shape, kind: str) -> float:
+    return largest_tensor(sh, kind, NONE) + sh.elt * sh.h * (sh.T + sh.Tr)
+
+
+def _dropped(sh: Shape, kind: str, mods: frozenset) -> float:
+    """Bytes a selective replay re-materialises in one layer: tensors kept without
+    recompute that the labels drop."""
+    if not mods:
+        return 0.0
+    kept = {x.name for x in layer_tensors(sh, kind, mods)}
+    return sum(x.nbytes for x in layer_tensors(sh, kind, NONE) if x.name not in kept)
+
+
+def _add(comp: dict, other: dict, scale: float = 1.0) -> None:
+    for k, v in other.items():
+        comp[k] = comp.get(k, 0.0) + v * scale
+
+
+@lru_cache(maxsize=4096)
+def chunk_memory(sh: Shape, kinds: tuple, mode: RecomputeMode, first: bool, last: bool,
+                 hold_output: bool) -> ChunkMemory:
+    comp: dict = {}
+    saved = 0.0
+    replay = 0.0
+    replay_layers = 0
+    fwd = bwd = 0.0
+    full = mode.granularity == "full"
+
+    class _W:  # the few fields chunk_groups reads
+        recompute_granularity = mode.granularity
+        recompute_method = mode.method
+        recompute_num_layers = mode.num_layers
+
+    for start, stop, rec in chunk_groups(_W, len(kinds)):
+        group = kinds[start:stop]
+        if full and rec:
+            ck = checkpoint_bytes(sh, mode.distribute)
+            saved += ck
+            comp["checkpoints"] = comp.get("checkpoints", 0.0) + ck
+            ws = float(sum(layer_bytes(sh, k, NONE) for k in group))
+            if ws > replay:
+                replay, replay_layers = ws, len(group)
+        else:
+            for k in group:
+                saved += layer_bytes(sh, k, mode.mods)
+                _add(comp, layer_components(sh, k, mode.mods))
+                d = _dropped(sh, k, mode.mods)
+                if d > replay:
+                    replay, replay_layers = d, 1
+        for k in group:
+            fwd = max(fwd, _forward_ws(sh, k, mode.mods))
+            bwd = max(bwd, _bwd_ws(sh, k))
+    if first:
+        for x in embedding_tensors(sh):
+            saved += x.nbytes
+            _add(comp, {x.component: x.nbytes})
+    if last:
+        for x in output_tensors(sh):
+            saved += x.nbytes
+            _add(comp, {x.component: x.nbytes})
+    if hold_output:
+        # The stage output stays referenced until its backward unless
+        # deallocate_pipeline_outputs (Korthikanti et al. appendix B: sbh per micro-batch).
+        b = sh.elt * sh.h * sh.Tr
+        saved += b
+        _add(comp, {"pipeline": b})
+    return ChunkMemory(saved, comp, fwd, bwd, replay, replay_layers)
+
+
+def _mode(w) -> RecomputeMode:
+    return RecomputeMode(w.recompute_granularity, modules_of(w), w.recompute_method,
+                         w.recompute_num_layers, bool(w.distribute_saved_activations))
+
+
+def _group_size(w) -> int:
+    g = w.extra_model.get("microbatch_group_size_per_vp_stage") if isinstance(w.extra_model, dict) else None
+    return int(g) if g else w.pipeline_model_parallel_size
+
+
+def assumptions(w, sh: Shape, knobs: Knobs) -> list:
+    gib = knobs.residual_bytes / 2**30
+    out = [
+        f"Residual of {gib:.2f} GiB per GPU for the CUDA context, NCCL and Transformer Engine "
+        "workspaces and allocator slack (not fragmentation).",
+        "Adam with fp32 master weights and two fp32 moments (12 bytes per parameter with 16-bit "
+        "weights), sharded by the distributed optimizer over DP x CP (routed experts over "
+        "DP x TP x CP / (EP x ETP)); gradient buffers are not sharded.",
+        f"Activations are {sh.elt}-byte elements; norm statistics, softmax LSE, router scores "
+        "and permuted probs are fp32.",
+        f"The vocabulary is padded to a multiple of 128 x TP ({sh.vocab}); the last stage keeps "
+        "the fp32 cross-entropy softmax [T, V/t] per in-flight micro-batch.",
+        "Transients on top of saved activations: one layer's forward working set, one layer's "
+        "gradient buffers, the recompute replay working set, and on the last stage 16-bit logits "
+        "plus one fp32 temporary; the largest of them sets the peak.",
+        "Replay cost counts 2 FLOPs per weight per token, causal attention at "
+        f"{knobs.attention_flops_factor} of the full score FLOPs, the step as 3x the forward; "
+        f"one replayed communication byte = {knobs.comm_flops_per_byte:g} FLOPs and one byte of a "
+        f"replayed memory-bound kernel = {knobs.memory_bound_flops_per_byte:g} FLOPs.",
+        "Interleaved schedule: microbatch_group_size_per_vp_stage defaults to PP; every distinct "
+        "in-flight vector of the MCore order is evaluated.",
+    ]
+    if not w.te_version:
+        out.append("Transformer Engine is assumed >= 2.7, so set_save_original_input applies "
+                   "where MCore uses it (fp8 recipes other than delayed, fp4).")
+    if sh.low_precision:
+        out.append("FP8/FP4 linears keep their quantized input copy (1 byte + scales for fp8); "
+                   "linear weights keep a row-wise and a column-wise quantized copy between "
+                   "micro-batches.")
+    if sh.E:
+        out.append(f"MoE: dropless routing with load-imbalance factor {knobs.moe_load_imbalance:g} "
+                   "on the hottest EP rank (capped by the capacity factor when set); router keeps "
+                   "~9 bytes per expert per token; fp8 alignment padding ignored.")
+    kinds = set(w.layer_kinds())
+    if kinds & {"mamba", "gdn"}:
+        out.append("Mamba / GatedDeltaNet mixers are modelled coarsely (projection outputs, conv "
+                   "output, scan output, gated-norm output, chunk states); no recompute label of "
+                   "0.16.1 applies to them.")
+    if not sh.bias_act_fusion and sh.gated:
+        out.append("bias_activation_fusion is off (MCore default): the unfused GLU keeps the whole "
+                   "fc1 output plus act(x0) (6 bytes per ffn column per token instead of 4).")
+    if not sh.te:
+        out.append("Local spec: separate norm modules, unfused DotProductAttention with "
+                   "materialised softmax probabilities (CP must be 1).")
+    if w.mtp_num_layers:
+        out.append("Multi-token-prediction layers are not modelled.")
+    if w.pipeline_model_parallel_size > 1 and not sh.deallocate_outputs:
+        out.append("deallocate_pipeline_outputs is off (MCore default): each in-flight "
+                   "micro-batch keeps its stage output [Tr, h].")
+    if w.recompute_granularity == "full" and w.recompute_method == "uniform":
+        out.append("Full uniform recompute replays a whole group of recompute_num_layers "
+                   "layers at once; megatron-core 0.16.1 fails with IndexError when the group "
+                   "size does not divide the layers of a chunk (estimated here with a short "
+                   "last group, as main does).")
+    return out
 
 
 def estimate(w, knobs: Knobs = DEFAULT_KNOBS) -> MemoryEstimate:
-    raise NotImplementedError("being written")
+    sh = shape_of(w, knobs)
+    p, v = w.pipeline_model_parallel_size, w.vpp
+    layout = layout_of(w)
+    mode = _mode(w)
+    M = w.num_microbatches
+    group = _group_size(w)
+    extra = 1 if (w.overlap_moe_expert_parallel_comm and v > 1 and p > 1) else 0
+    tied = bool(w.share_embeddings_and_output_weights)
+    static_total_of = {}
+    ranks = []
+    for r in range(p):
+        chunks = []
+        for j in range(v):
+            first = r == 0 and j == 0
+            last = r == p - 1 and j == v - 1
+            hold = p > 1 and not sh.deallocate_outputs and not last
+            chunks.append(chunk_memory(sh, tuple(layout[r][j]), mode, first, last, hold))
+        vectors = inflight_vectors(p, v, M, r, group, extra)
+        best = max(vectors, key=lambda vec: sum(c * ch.saved for c, ch in zip(vec, chunks)))
+        activation = sum(c * ch.saved for c, ch in zip(best, chunks))
+        comp: dict = {}
+        for c, ch in zip(best, chunks):
+            _add(comp, ch.components, c)
+        # transients
+        trans = {TERM_FORWARD: max(ch.fwd_ws for ch in chunks),
+                 TERM_GRADS: max(ch.bwd_ws for ch in chunks)}
+        rep = max(chunks, key=lambda ch: ch.replay_ws + ch.bwd_ws if ch.replay_ws else 0.0)
+        if rep.replay_ws:
+            trans[_replay_term(rep.replay_layers, mode.granularity == "full")] = \
+                rep.replay_ws + rep.bwd_ws
+        if r == p - 1 and sh.vocab:
+            trans[TERM_LOGITS] = (sh.elt + 4) * sh.vocab_ * sh.T
+        term, transient = max(trans.items(), key=lambda kv: kv[1])
+        kinds = [k for ch in layout[r] for k in ch]
+        params = rank_params(sh, kinds, r == 0, r == p - 1, tied, p)
+        static = static_bytes(sh, params, dp=w.data_parallel_size,
+                              distributed=bool(w.use_distributed_optimizer),
+                              grad_fp32=bool(w.grad_reduce_in_fp32), fp8_param=bool(w.fp8_param),
+                              residual=knobs.residual_bytes)
+        static_total = sum(static.values())
+        static_total_of[r] = static_total
+        activation_i = round(activation)
+        transient_i = round(transient)
+        ranks.append(RankMemory(
+            pp_rank=r, static_bytes=static_total, activation_bytes=activation_i,
+            transient_bytes=transient_i, peak_bytes=static_total + activation_i + transient_i,
+            peak_term=term, activations={k: round(x) for k, x in sorted(comp.items())},
+            static=static, in_flight_microbatches=sum(best) / v,
+            transients={k: round(x) for k, x in trans.items()},
+            params=round(params.total), layers=len(kinds)))
+    hottest = max(ranks, key=lambda rk: (rk.peak_bytes, -rk.pp_rank))
+    return MemoryEstimate(ranks=ranks, hottest=hottest, assumptions=assumptions(w, sh, knobs),
+                          per_layer=per_layer(w, sh, mode))
+
+
+def per_layer(w, sh: Shape, mode: RecomputeMode) -> dict:
+    """Saved bytes of one layer of each kind for one micro-batch under w's setting."""
+    out = {}
+    for kind in dict.fromkeys(w.layer_kinds()):
+        tensors: dict = {}
+        for x in layer_tensors(sh, kind, mode.mods):
+            tensors[x.name] = tensors.get(x.name, 0.0) + x.nbytes
+        out[kind] = {
+            "total": layer_bytes(sh, kind, mode.mods),
+            "tensors": {k: round(x) for k, x in tensors.items()},
+            "components": {k: round(x) for k, x in layer_components(sh, kind, mode.mods).items()},
+            "full_recompute_keeps": round(checkpoint_bytes(sh, mode.distribute)),
+        }
+    return out

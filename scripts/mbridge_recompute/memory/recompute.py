@@ -1,0 +1,51 @@
+"""What a recompute setting does to a model chunk: selective labels in force, and the
+layers full recompute checkpoints.
+
+`recompute_num_layers` counts layers of one model chunk (`len(self.layers)`,
+transformer_block.py:326 @ core_v0.16.1), so with VPP every chunk applies it on its own.
+`uniform` checkpoints consecutive groups of n layers (one [Tr, h] input kept per
+group; the whole group is replayed at once in backward). `block` checkpoints the
+first n layers of the chunk one by one (all of them when n exceeds the chunk) and
+keeps full activations for the rest.
+"""
+
+from __future__ import annotations
+
+from mbridge_recompute.memory.schedule import chunk_layout
+
+
+def modules_of(w) -> frozenset:
+    """Selective labels in force: recompute_modules only count under `selective`
+    (every selective gate tests granularity == 'selective')."""
+    if w.recompute_granularity != "selective":
+        return frozenset()
+    return frozenset(w.effective_recompute_modules)
+
+
+def chunk_groups(w, n_layers: int) -> list:
+    """Full recompute of one chunk: list of (start, stop, recomputed) layer ranges."""
+    n = w.recompute_num_layers or 0
+    if w.recompute_granularity != "full" or n <= 0:
+        return [(0, n_layers, False)] if n_layers else []
+    if w.recompute_method == "block":
+        k = min(n, n_layers)
+        groups = [(i, i + 1, True) for i in range(k)]
+        if k < n_layers:
+            groups.append((k, n_layers, False))
+        return groups
+    # uniform (also the fallback for a missing method): groups of n, the last one clamped
+    return [(i, min(i + n, n_layers), True) for i in range(0, n_layers, n)]
+
+
+def layout_of(w) -> list:
+    return chunk_layout(w.layer_kinds(), w.pipeline_model_parallel_size, w.vpp,
+                        w.num_layers_in_first_pipeline_stage, w.num_layers_in_last_pipeline_stage)
+
+
+def full_recompute_units(w):
+    """(kind, recomputed) for every layer of the model, in chunk order."""
+    for rank_chunks in layout_of(w):
+        for kinds in rank_chunks:
+            for start, stop, rec in chunk_groups(w, len(kinds)):
+                for kind in kinds[start:stop]:
+                    yield kind, rec

@@ -1,0 +1,189 @@
+"""Parameters per layer and per PP rank, and the static bytes they cost.
+
+Bytes per parameter (Adam, mixed precision): 16-bit weights (2), main gradients in
+fp32 when grad_reduce_in_fp32 else 16-bit (4 / 2), fp32 master weights + two fp32
+moments (12) sharded by the distributed optimizer over DP x CP for dense
+parameters and over the expert-data-parallel group DP*TP*CP/(EP*ETP) for routed
+experts (the split Megatron Bridge's estimator uses). The gradient buffer is not
+sharded by the distributed optimizer. FP8 training keeps a quantized copy of each
+linear weight (row-wise and column-wise/transposed: 2 bytes per parameter) between
+micro-batches.
+"""
+
+from __future__ import annotations
+
+from functools import lru_cache
+from typing import NamedTuple
+
+from mbridge_recompute.memory.shape import Shape
+
+
+class Part(NamedTuple):
+    name: str
+    count: float       # parameters in the whole layer (all TP/EP ranks together)
+    split: str         # "tp": sharded over TP; "rep": replicated on every TP rank;
+    #                    "expert": routed experts, sharded over EP x ETP
+    linear: bool       # a GEMM weight (gets a low-precision copy under fp8/fp4)
+
+
+def _norm(sh: Shape, width: int) -> float:
+    return 2 * width if sh.layernorm else width
+
+
+def _attention_parts(sh: Shape) -> list:
+    h, a, d = sh.h, sh.a, sh.d
+    bias = sh.add_bias
+    parts = [Part("attention norm", _norm(sh, h), "rep", False)]
+    if sh.mla:
+        qk = sh.dqk + sh.dr
+        if sh.q_lora:
+            parts += [Part("q down-projection", h * sh.q_lora, "rep", True),
+                      Part("q norm", _norm(sh, sh.q_lora), "rep", False),
+                      Part("q up-projection", sh.q_lora * a * qk, "tp", True)]
+        else:
+            parts.append(Part("q projection", h * a * qk, "tp", True))
+        parts += [Part("kv down-projection", h * (sh.kv_lora + sh.dr), "rep", True),
+                  Part("kv norm", _norm(sh, sh.kv_lora), "rep", False),
+                  Part("kv up-projection", sh.kv_lora * a * (sh.dqk + sh.dv), "tp", True),
+                  Part("output projection", a * sh.dv * h, "tp", True)]
+    else:
+        g = sh.g
+        parts += [Part("qkv projection", h * (a + 2 * g) * d + (bias and (a + 2 * g) * d), "tp", True),
+                  Part("output projection", a * d * h, "tp", True)]
+        if bias:
+            parts.append(Part("output projection bias", h, "rep", False))
+        if sh.qk_norm:
+            parts.append(Part("qk norms", 2 * _norm(sh, d), "rep", False))
+    return parts
+
+
+def _mlp_weights(sh: Shape, f: int) -> float:
+    return (3 if sh.gated else 2) * sh.h * f
+
+
+def _mlp_parts(sh: Shape) -> list:
+    bias = sh.add_bias * ((2 if sh.gated else 1) * sh.f)
+    parts = [Part("MLP norm", _norm(sh, sh.h), "rep", False),
+             Part("MLP fc1/fc2", _mlp_weights(sh, sh.f) + bias, "tp", True)]
+    if sh.add_bias:
+        parts.append(Part("MLP fc2 bias", sh.h, "rep", False))
+    return parts
+
+
+def _moe_parts(sh: Shape) -> list:
+    parts = [Part("MoE norm", _norm(sh, sh.h), "rep", False),
+             Part("router", sh.E * sh.h, "rep", False),
+             Part("routed experts", sh.E * _mlp_weights(sh, sh.f_e), "expert", True)]
+    if sh.f_s:
+        parts.append(Part("shared experts", _mlp_weights(sh, sh.f_s), "tp", True))
+        if sh.shared_gate:
+            parts.append(Part("shared-expert gate", sh.h, "rep", False))
+    return parts
+
+
+def _mamba_parts(sh: Shape) -> list:
+    di = sh.mamba_heads * sh.mamba_head_dim
+    gs = 2 * sh.mamba_groups * sh.mamba_state
+    nh = sh.mamba_heads
+    return [Part("mixer norm", _norm(sh, sh.h), "rep", False),
+            Part("in_proj", sh.h * (2 * di + gs + nh), "tp", True),
+            Part("conv1d", (di + gs) * 5, "tp", False),
+            Part("A, D, dt_bias, gated norm", 3 * nh + di, "tp", False),
+            Part("out_proj", di * sh.h, "tp", True)]
+
+
+def _gdn_parts(sh: Shape) -> list:
+    qk, v, nv = sh.gdn_qk, sh.gdn_v, sh.gdn_nv
+    return [Part("mixer norm", _norm(sh, sh.h), "rep", False),
+            Part("in_proj", sh.h * (2 * qk + 2 * v + 2 * nv), "tp", True),
+            Part("conv1d", (2 * qk + v) * 4, "tp", False),
+            Part("A_log, dt_bias, out norm", 2 * nv + v, "tp", False),
+            Part("out_proj", v * sh.h, "tp", True)]
+
+
+KIND_PARTS = {
+    "attn+mlp": (_attention_parts, _mlp_parts),
+    "attn+moe": (_attention_parts, _moe_parts),
+    "attn": (_attention_parts,),
+    "mlp": (_mlp_parts,),
+    "moe": (_moe_parts,),
+    "mamba": (_mamba_parts,),
+    "gdn": (_gdn_parts,),
+}
+
+
+@lru_cache(maxsize=256)
+def layer_parts(sh: Shape, kind: str) -> tuple:
+    out = []
+    for fn in KIND_PARTS[kind]:
+        out.extend(fn(sh))
+    return tuple(out)
+
+
+class RankParams(NamedTuple):
+    dense: float       # parameters on this rank sharded by the distributed optimizer over DP x CP
+    expert: float      # routed-expert parameters on this rank (expert-DP sharding)
+    linear: float      # GEMM weights of decoder layers on this rank (low-precision copies)
+    embedding: float   # input embedding (+ learned positions) on this rank
+    output: float      # output layer + final norm on this rank
+
+    @property
+    def total(self) -> float:
+        return self.dense + self.expert
+
+
+def local_count(sh: Shape, part: Part) -> float:
+    if part.split == "tp":
+        return part.count / sh.t
+    if part.split == "expert":
+        return part.count / (sh.ep * sh.etp)
+    return part.count
+
+
+def rank_params(sh: Shape, kinds: list, first_stage: bool, last_stage: bool,
+                tied: bool, p: int) -> RankParams:
+    dense = expert = linear = 0.0
+    for kind in kinds:
+        for part in layer_parts(sh, kind):
+            n = local_count(sh, part)
+            if part.split == "expert":
+                expert += n
+            else:
+                dense += n
+            if part.linear:
+                linear += n
+    emb = out = 0.0
+    if first_stage:
+        emb = sh.vocab_ * sh.h + (sh.s * sh.h if sh.learned_pos else 0)
+    if last_stage:
+        out = _norm(sh, sh.h)
+        # The output layer holds its own [V/t, h] weight unless it is the (tied) embedding
+        # on the same rank (PP = 1 with shared embeddings).
+        if not (tied and p == 1):
+            out += sh.vocab_ * sh.h
+    return RankParams(dense + emb + out, expert, linear, emb, out)
+
+
+def static_bytes(sh: Shape, params: RankParams, *, dp: int, distributed: bool,
+                 grad_fp32: bool, fp8_param: bool, residual: int) -> dict:
+    """Static memory of one rank by term (bytes)."""
+    half = sh.elt == 2
+    w_bytes = sh.elt
+    weights = params.total * w_bytes
+    if fp8_param and sh.low_precision:
+        weights -= params.linear * (w_bytes - 1)
+    grads = params.total * (4 if (grad_fp32 or not half) else 2)
+    per_param_opt = 12 if half else 8          # fp32 master copy only when weights are 16-bit
+    dense_shard = dp * sh.c if distributed else 1
+    expert_shard = max(1, dp * sh.t * sh.c // (sh.ep * sh.etp)) if distributed else 1
+    optimizer = per_param_opt * (params.dense / dense_shard + params.expert / expert_shard)
+    copies = 0.0
+    if sh.low_precision:
+        per = 2.0 if sh.fp8 else 1.0 + 1 / 8
+        if sh.fp8_recipe in ("mxfp8", "blockwise") and sh.fp8:
+            per += 2 / 32
+        if fp8_param:
+            per -= 1.0     # the parameter itself is already the row-wise fp8 copy
+        copies = params.linear * per
+    return {"weights": round(weights), "grads": round(grads), "optimizer": round(optimizer),
+            "fp8_weight_copies": round(copies), "residual": int(residual)}
