@@ -110,7 +110,14 @@ class State:
     @property
     def full_cudagraph(self) -> bool:
         # tc:1798-1804 @ core_v0.16.1: whole-layer (empty scope) or full-iteration capture
-        return not self.scopes or "full_iteration" in self.scopes
+        return not self.scopes or self.full_iteration
+
+    @property
+    def full_iteration(self) -> bool:
+        """Full-iteration capture: 0.16.1 scope [full_iteration]; main also impl=full_iteration."""
+        if self.version != "0.16.1" and self.w.cuda_graph_impl == "full_iteration":
+            return True
+        return "full_iteration" in self.scopes
 
     @property
     def moe_layers(self) -> int:
@@ -451,6 +458,16 @@ def _full_scope(s: State):
         return Hit(f"cuda_graph_impl={s.w.cuda_graph_impl} with cuda_graph_scope 'full' (whole layer)")
 
 
+_GRAPH_IMPLS = {"0.16.1": ("transformer_engine", "local"),
+                "main": ("transformer_engine", "local", "full_iteration")}
+
+
+@rule("cuda-graph-impl-invalid", order=1716, raises="AssertionError")
+def _graph_impl(s: State):
+    if s.graphs and s.w.cuda_graph_impl not in _GRAPH_IMPLS[s.version]:
+        return Hit(f"cuda_graph_impl={s.w.cuda_graph_impl!r} is not known to megatron-core {s.version}")
+
+
 @rule("cuda-graph-with-cpu-offloading", order=1722, raises="ValueError")
 def _graph_cpu_off(s: State):
     if s.graphs and s.w.cpu_offloading:
@@ -493,7 +510,8 @@ def _scope_moe_padding(s: State):
 
 @rule("full-recompute-needs-full-iteration-graph", order=1780, raises="AssertionError")
 def _full_graph(s: State):
-    if s.graphs and s.g is not None and s.g != "selective" and s.scopes != ["full_iteration"]:
+    only_full_iteration = s.scopes == ["full_iteration"] or (s.version != "0.16.1" and s.full_iteration)
+    if s.graphs and s.g is not None and s.g != "selective" and not only_full_iteration:
         where = f"scope {_fmt(s.scopes)}" if s.scopes else "whole-layer graphs"
         return Hit(f"full recompute with cuda_graph_impl={s.w.cuda_graph_impl} and {where}")
 
