@@ -162,6 +162,7 @@ def test_the_checked_setting_is_the_written_one_not_the_workloads(run_tool, tmp_
     (["--modules", "core_attn,,mlp"], "--modules"),
     (["--modules", "mlp,mlp"], "--modules"),
     (["--modules", ""], "--modules"),
+    (["--modules", "mlp", "--force"], "--force"),
     ([], "--granularity"),
 ])
 def test_incoherent_options_exit_2_naming_the_option(run_tool, argv, option):
@@ -210,6 +211,15 @@ def test_output_of_a_token_format_is_the_printed_line(run_tool, tmp_path):
     written = run_tool("config", "--modules", "[]", "--format", "overrides", "--output", str(target))
     assert written.returncode == 0 and written.stdout == ""
     assert target.read_text() == printed.stdout
+
+
+def test_json_with_output_reports_the_path_and_writes_the_format(run_tool, tmp_path):
+    target = tmp_path / "snippet.py"
+    res = run_tool("config", "--modules", "moe", "--json", "--output", str(target))
+    assert res.returncode == 0, res.stderr
+    out = json.loads(res.stdout)
+    assert out["output"] == str(target) and out["format"] == "python"
+    assert target.read_text() == out["formats"]["python"]
 
 
 def test_refused_setting_writes_no_file(run_tool, tmp_path):

@@ -218,3 +218,31 @@ def test_unknown_format_is_rejected():
 def test_a_label_that_would_split_tokens_is_rejected():
     with pytest.raises(ValueError, match="not a label"):
         snippets.render(R.selective("core_attn,mlp"), "harness")
+
+
+# ---------------------------------------------------------------- any setting
+LABELS_0_16_1 = ("core_attn", "mla_up_proj", "layernorm", "moe_act", "mlp", "moe", "shared_experts")
+
+
+def _settings():
+    from hypothesis import strategies as st
+
+    selective = st.lists(st.sampled_from(LABELS_0_16_1), unique=True, max_size=7).map(
+        lambda mods: R.selective(*mods))
+    full = st.builds(R.full, st.sampled_from(["uniform", "block"]), st.integers(1, 64), st.booleans())
+    return st.one_of(st.just(R.off()), st.just(R(granularity="selective")), selective, full)
+
+
+def test_every_setting_round_trips_through_overrides_and_harness():
+    from hypothesis import given, settings
+
+    @settings(max_examples=120, deadline=None)
+    @given(_settings())
+    def check(setting):
+        want = snippets.written_fields(setting)
+        assert overrides_to_fields(snippets.render(setting, "overrides")) == want
+        assert harness_parse(snippets.render(setting, "harness"), RECIPE) == want
+        harness = snippets.render(setting, "harness")
+        assert shlex.split(snippets.shell_join(harness)) == harness
+
+    check()

@@ -153,7 +153,7 @@ def _overrides(fields: dict) -> list[str]:
 def _harness(fields: dict) -> list[str]:
     """Perf-harness argv: a flag where one exists, Hydra overrides for the rest.
 
-    Facts (bridge-harness.md section 1.4/1.5, Bridge 067f987):
+    Facts (Megatron Bridge 067f987; bridge-harness.md:30,32,130-131,141,147-159):
     - `--recompute_modules a,b` is ONE comma-separated token (`list_of_strings`,
       scripts/performance/argument_parser.py:41-43,863-868) and also sets
       granularity "selective" (overrides.py:178-180).
@@ -168,6 +168,8 @@ def _harness(fields: dict) -> list[str]:
       `--recompute_modules` fails tc:1179-1185 otherwise).
     - flat path precedence is argparse > Hydra > recipe (run_script.py:76-79),
       so an override never undoes a flag: the two never name the same key.
+    - flat path only: with --use_recipes the flags are ignored (run_recipe.py:45-208,
+      bridge-harness.md:37); there the `overrides` format says the same thing.
     """
     g, mods = fields["recompute_granularity"], fields["recompute_modules"]
     method, n = fields["recompute_method"], fields["recompute_num_layers"]

@@ -44,7 +44,8 @@ formats:
   yaml       a model: section
   overrides  Hydra key=value tokens for Bridge (one argv token each)
   harness    Bridge perf-harness argv: --recompute_modules a,b or -rl N where they say exactly
-             this setting, Hydra overrides for the rest ([] control, uniform, off)
+             this setting, Hydra overrides for the rest ([] control, uniform, off);
+             the harness's flat path only (--use_recipes ignores the flags: use overrides)
   mlm        Megatron-LM flags (--recompute-granularity ...); the empty list cannot be expressed
 Every format sets all five recompute keys, so a recipe's own values cannot leak through.
 
@@ -224,6 +225,17 @@ def _output_path(args):
     return path
 
 
+def _write(path: Path, text: str, force: bool) -> None:
+    # "x" refuses a file that appeared since _output_path looked
+    try:
+        with open(path, "w" if force else "x", encoding="utf-8") as fh:
+            fh.write(text)
+    except FileExistsError:
+        raise InputError("--output", f"{path} exists; pass --force to overwrite it") from None
+    except OSError as exc:
+        raise InputError("--output", f"cannot write {path}: {exc.strerror}") from None
+
+
 def _refusal_text(setting, check: dict) -> str:
     lines = [f"refused: {setting.describe()} breaks "
              + ("this workload's" if check["checked_against"] == "workload" else "its own")
@@ -271,7 +283,7 @@ def run(args) -> int:
                          "(give WORKLOAD.yaml or --model for the full check)\n")
 
     if out_path:
-        out_path.write_text(snippets.as_text(wanted), encoding="utf-8")
+        _write(out_path, snippets.as_text(wanted), args.force)
         sys.stderr.write(f"wrote the {args.format} snippet to {out_path}\n")
 
     if args.json:
