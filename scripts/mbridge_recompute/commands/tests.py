@@ -1,0 +1,76 @@
+"""`tests`: run the recompute-focused tests of a checkout and judge them by what ran."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from mbridge_recompute.errors import EXIT_OK, EXIT_PROBLEM, InputError
+from mbridge_recompute.output import emit, table
+
+DESCRIPTION = """\
+Run the recompute-focused tests of a Megatron-Bridge checkout, a Megatron-LM
+checkout or this package (detected from the layout), count them from a junit
+XML report, and judge: 'pass' only when at least one test ran and none failed
+or errored. Zero selected (or all skipped) is 'no-tests', a failure, even when
+pytest exits 0 (Bridge's conftest maps exit 5 to 0)."""
+
+EPILOG = """\
+suites:
+  megatron-bridge  core (default, CPU), precedence (needs the DeepSeek-V3 HF config), gpu (TE)
+  megatron-lm      core (default, GPU), moe (GPU; some cases need 8)
+  mbridge-recompute all (this package's tests/)
+
+examples:
+  run_tests.py --repo ~/Megatron-Bridge
+  run_tests.py --repo ~/Megatron-Bridge --suite precedence --json
+  run_tests.py --repo . -k uniform -- -x
+
+exit codes: 0 pass; 1 fail or no-tests (or a suite file missing at this revision); 2 unusable input."""
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--repo", required=True, help="checkout to test")
+    p.add_argument("--suite", help="built-in selection (default: the first listed for the checkout kind)")
+    p.add_argument("-k", dest="keyword", metavar="EXPR", help="narrow further with a pytest -k expression")
+    p.add_argument("--runner", choices=["auto", "uv", "python"], default="auto",
+                   help="auto: 'uv run --no-sync python -m pytest' when the checkout has uv.lock and uv is "
+                        "on PATH, else this interpreter's pytest")
+    p.add_argument("--timeout", type=float, metavar="SECONDS", help="kill pytest after this long")
+    p.add_argument("--json", action="store_true", help="print one JSON object (pytest output goes to stderr)")
+    p.add_argument("extra", nargs="*", metavar="-- PYTEST_ARGS", help="extra pytest arguments, after '--'")
+
+
+def run(args) -> int:
+    from mbridge_recompute import testrunner
+
+    if args.timeout is not None and args.timeout <= 0:
+        raise InputError("--timeout", "must be > 0 seconds")
+
+    def echo(line: str) -> None:
+        sys.stderr.write(line + "\n")
+
+    report = testrunner.run_tests(args.repo, args.suite, args.keyword, args.extra,
+                                  runner=args.runner, timeout=args.timeout, echo=echo)
+    emit(report, args.json, _text)
+    return EXIT_OK if report["verdict"] == "pass" and report["complete"] else EXIT_PROBLEM
+
+
+def _text(r: dict) -> str:
+    lines = [f"{r['repo_kind']} checkout {r['repo']}, suite {r['suite']} (needs: {r['needs']})",
+             "command: " + " ".join(r["command"] or [])]
+    for p in r["missing"]:
+        lines.append(f"MISSING at this revision: {p}")
+    if r["tests"]:
+        lines.append("")
+        lines.append(table(["test", "outcome"], [[t["id"], t["outcome"]] for t in r["tests"]]))
+    lines.append("")
+    lines.append(f"selected {r['selected']}  passed {r['passed']}  failed {r['failed']}  errors {r['errors']}  "
+                 f"skipped {r['skipped']}  deselected {r['deselected']}  pytest exit {r['returncode']}")
+    why = {"pass": "at least one test ran, none failed",
+           "fail": "a test failed or errored, or pytest ended abnormally",
+           "no-tests": "nothing ran (zero selected, or every selected test skipped): not a pass"}
+    lines.append(f"verdict: {r['verdict']} ({why[r['verdict']]})")
+    if not r["complete"]:
+        lines.append("incomplete: part of the suite is missing at this revision")
+    return "\n".join(lines)
