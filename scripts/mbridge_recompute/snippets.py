@@ -3,15 +3,17 @@ Hydra overrides, the Bridge performance harness, or Megatron-LM flags.
 
     render(setting, fmt) -> str | list[str]     fmt in FORMATS
     render_all(setting) -> {"python", "yaml", "overrides", "harness", "mlm", "unexpressible"}
-    written_fields(setting) -> the five config values every format sets
+    written_fields(setting) -> the five config values the Bridge formats set
     shell_join(tokens) -> one display line, quoted for a POSIX shell
 
-Every format sets every recompute key, not only the ones that differ from
-megatron-core's defaults: recipes set their own values (e.g. full/block/5 on
-some perf recipes), and a key the snippet leaves alone keeps the recipe's value
--- a selective setting on top of a full-recompute recipe then fails
-`__post_init__` with "recompute_num_layers must be None" (tc:1179-1185 @
-core_v0.16.1).
+Every Bridge format (python, yaml, overrides, harness) sets every recompute
+key, not only the ones that differ from megatron-core's defaults: recipes set
+their own values (e.g. full/block/5 on some perf recipes), and a key the
+snippet leaves alone keeps the recipe's value -- a selective setting on top of
+a full-recompute recipe then fails `__post_init__` with "recompute_num_layers
+must be None" (tc:1179-1185 @ core_v0.16.1). Megatron-LM has no recipe layer
+(its argparse defaults are TransformerConfig's), so `mlm` passes only what
+differs from them.
 
 Token lists (overrides, harness, mlm) are argv tokens: one list item is one
 argument, never shell-quoted. Quoting is a display matter (`shell_join`).

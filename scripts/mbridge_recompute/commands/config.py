@@ -47,7 +47,8 @@ formats:
              this setting, Hydra overrides for the rest ([] control, uniform, off);
              the harness's flat path only (--use_recipes ignores the flags: use overrides)
   mlm        Megatron-LM flags (--recompute-granularity ...); the empty list cannot be expressed
-Every format sets all five recompute keys, so a recipe's own values cannot leak through.
+The Bridge formats (python, yaml, overrides, harness) set all five recompute keys, so a recipe's
+own values cannot leak through; Megatron-LM starts from its defaults, so mlm passes only the rest.
 
 exit codes: 0 written, 1 the setting breaks a constraint (refused, named on stderr),
 2 unusable options or workload.
