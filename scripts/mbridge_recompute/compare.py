@@ -171,6 +171,39 @@ def _argv_key(argv: list) -> list:
     return out
 
 
+def _argv_items(argv: list) -> dict:
+    """{option or hydra key or positional index: [values]} for comparing two command lines."""
+    items: dict = {}
+    i, pos = 0, 0
+    while i < len(argv):
+        tok = argv[i]
+        if tok.startswith("-") and not _is_number(tok):
+            flag, eq, val = tok.partition("=")
+            if eq:
+                items.setdefault(flag, []).append(val)
+            elif i + 1 < len(argv) and (not argv[i + 1].startswith("-") or _is_number(argv[i + 1])):
+                items.setdefault(flag, []).append(argv[i + 1])
+                i += 1
+            else:
+                items.setdefault(flag, []).append("")
+        elif "=" in tok:
+            key, _, val = tok.partition("=")
+            items.setdefault(key, []).append(val)
+        else:
+            items[f"argument {pos + 1}"] = [tok]
+            pos += 1
+        i += 1
+    return items
+
+
+def _is_number(tok: str) -> bool:
+    try:
+        float(tok)
+        return True
+    except ValueError:
+        return False
+
+
 def match(run: Run, control: Run) -> list:
     """Reasons why `run` is not a matched comparison with `control` (empty: matched)."""
     if run is control:
@@ -178,12 +211,11 @@ def match(run: Run, control: Run) -> list:
     reasons = []
     ma, mb = run.manifest or {}, control.manifest or {}
     if isinstance(ma.get("argv"), list) and isinstance(mb.get("argv"), list):
-        a, b = _argv_key(ma["argv"]), _argv_key(mb["argv"])
+        a, b = _argv_items(_argv_key(ma["argv"])), _argv_items(_argv_key(mb["argv"]))
         if a != b:
-            only_a = [t for t in a if t not in b]
-            only_b = [t for t in b if t not in a]
-            reasons.append("command lines differ beyond recompute: "
-                           f"{' '.join(only_a) or '-'} vs {' '.join(only_b) or '-'} in the control")
+            diffs = [f"{k} {' '.join(a.get(k, ['(absent)']))} vs {' '.join(b.get(k, ['(absent)']))}"
+                     for k in sorted(set(a) | set(b)) if a.get(k) != b.get(k)]
+            reasons.append("command lines differ beyond recompute: " + "; ".join(diffs) + " in the control")
     ra, rb = ma.get("revisions"), mb.get("revisions")
     if isinstance(ra, dict) and isinstance(rb, dict):
         for k in sorted(set(ra) | set(rb)):

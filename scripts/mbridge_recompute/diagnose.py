@@ -34,7 +34,7 @@ from __future__ import annotations
 from typing import Optional
 
 from mbridge_recompute import signatures
-from mbridge_recompute.logs import GIB, OOMEvent, Run
+from mbridge_recompute.logs import EXC_LINE, GIB, OOMEvent, Run
 
 RESERVED_OVER_ALLOCATED = 1.10      # "reserved >> allocated" in a memory report
 NEAR_CAPACITY = 0.85                 # allocated by PyTorch / capacity
@@ -169,7 +169,11 @@ def _error_findings(run: Run) -> list:
         if sig.id in found:
             found[sig.id]["count"] += 1
             continue
-        found[sig.id] = dict(_sig_finding(sig, f"line {no}: {line.strip()[:300]}", no), count=1)
+        finding = _sig_finding(sig, f"line {no}: {line.strip()[:300]}", no)
+        if EXC_LINE.match(line.strip()):
+            # raised, not warned: whatever the card's severity for a config check, the run failed here
+            finding["severity"] = "error"
+        found[sig.id] = dict(finding, count=1)
     unknown = []
     for err in run.errors:
         if err.line in matched_lines:

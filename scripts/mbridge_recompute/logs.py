@@ -19,7 +19,7 @@ is converted to decimal GB here so every peak in a `Run` is decimal GB;
 theoretical lines are MiB (theoretical_memory_utils.py:340-353) and stay MiB.
 OOM sizes are kept in bytes.
 
-OOM stage heuristic (documented in references/harness-and-logs.md too):
+OOM stage heuristic:
 the traceback that ends in the OOM line, read from that rank's stream, decides:
   1. a backward frame (`backward`, `_engine_run_backward`, `backward_step`,
      `custom_backward`) -> "backward" (a recompute replay runs inside backward);

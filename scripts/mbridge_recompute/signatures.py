@@ -41,6 +41,7 @@ class Signature:
     exc_type: Optional[str] = None          # exception class name (last dotted part)
     frames: tuple = ()                      # one of these functions must be in the traceback
     anchor: str = ""                        # literal substring every match contains (fast prefilter)
+    message: str = ""                       # the upstream text (line signatures of the runtime table)
 
     @property
     def regex(self) -> re.Pattern:
@@ -80,7 +81,7 @@ def message_regex(message: str) -> tuple:
 def _sig(id, kind, message, fix, source, cause="", **kw) -> Signature:
     pattern, anchor = message_regex(message)
     return Signature(id=id, kind=kind, pattern=pattern, anchor=anchor, fix=fix, source=source,
-                     cause=cause, **kw)
+                     cause=cause, message=message, **kw)
 
 
 # Strings the card does not carry. Messages are upstream text; `source` is `file:line @ version`
@@ -133,9 +134,6 @@ RUNTIME: tuple = (
               fix="install Transformer Engine (>= 2.6 for fp8 layernorm/moe_act recompute), or drop fp8",
               source="transformer/transformer_config.py:1248-1253,1599-1611 @ core_v0.16.1"),
     # ---- CUDA graphs and EP overlap (transformer_config.py rules the card leaves out)
-    _sig("cuda-graph-impl-invalid", "config", "Invalid cuda graph implementation: {impl}",
-         "set cuda_graph_impl to transformer_engine or local (main also: none, full_iteration)",
-         "transformer/transformer_config.py:1716-1720 @ core_v0.16.1; tc:2778-2783 @ main"),
     _sig("ep-overlap-needs-torch-2-6", "config", "A2A Overlap encounters hang issue with torch version < 2.6.0",
          "upgrade torch to >= 2.6 or disable overlap_moe_expert_parallel_comm",
          "transformer/transformer_config.py:1854-1856 @ core_v0.16.1"),
@@ -217,10 +215,15 @@ def card_signatures() -> tuple:
     return tuple(out)
 
 
+@lru_cache(maxsize=1)
 def all_signatures() -> tuple:
-    """Card matchers first (the card is the source of truth), then the runtime table."""
-    card_msgs = {s.pattern for s in card_signatures()}
-    return card_signatures() + tuple(s for s in RUNTIME if s.pattern not in card_msgs)
+    """Card matchers first (the card is the source of truth), then the runtime entries whose
+    message the card does not (yet) carry -- so a string added to the card wins over this table."""
+    cards = card_signatures()
+    line_cards = tuple(s for s in cards if not (s.exc_type or s.frames))
+    own = tuple(s for s in RUNTIME
+                if not s.message or match_line(re.sub(r"\{[^{}]*\}|…", "", s.message), line_cards) is None)
+    return cards + own
 
 
 def match_line(line: str, sigs: tuple) -> Optional[Signature]:

@@ -1,0 +1,139 @@
+"""diagnose: which kind of memory failed -- allocator, static/optimizer state, or activations."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+from conftest import ROOT, SCRIPTS, run_script
+
+FIXTURES = ROOT / "tests" / "fixtures" / "logs"
+sys.path.insert(0, str(FIXTURES))
+
+import logformat as lf  # noqa: E402
+from mbridge_recompute import diagnose, logs  # noqa: E402
+
+GIB = lf.GIB
+CAP = 79.11 * GIB
+
+
+def findings(name: str) -> list:
+    return diagnose.diagnose(logs.parse_file(FIXTURES / name))["findings"]
+
+
+def kinds(fs: list) -> list:
+    return [f["kind"] for f in fs]
+
+
+def test_fragmentation_is_diagnosed_before_recompute():
+    fs = findings("oom_fragmentation.log")
+    assert kinds(fs) == ["fragmentation", "activations"]
+    assert "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True" in fs[0]["next_action"]
+    assert "before adding any recompute" in fs[0]["next_action"]
+    assert "5.60 GiB >= the 2.00 GiB request" in fs[0]["evidence"]
+
+
+def test_reserved_far_above_allocated_in_the_memory_report_is_fragmentation():
+    lines = [lf.iteration_line(1, 20, 3000.0), lf.memory_line(0, 1, 40.0, 60.0, 70.0, 72.0)]
+    lines += lf.traceback(lf.FORWARD, lf.oom_message(1 * GIB, CAP, 0.5 * GIB, 75.0 * GIB, 0.2 * GIB))
+    fs = diagnose.diagnose(logs.parse_lines(lines))["findings"]
+    assert fs[0]["kind"] == "fragmentation"
+    assert "max reserved 72.000 GB vs max allocated 60.000 GB" in fs[0]["evidence"]
+
+
+def test_small_cache_slack_is_not_fragmentation():
+    fs = findings("oom_backward.log")     # 0.25 GiB unallocated vs a 1.5 GiB request
+    assert kinds(fs) == ["activations"]
+
+
+def test_backward_oom_is_activation_pressure_and_points_to_plan():
+    f = findings("oom_backward.log")[0]
+    assert f["stage"] == "backward" and f["iteration"] == 3
+    assert "plan.py" in f["next_action"]
+    assert "97% of capacity" in f["evidence"]
+
+
+def test_first_forward_oom_is_activation_pressure():
+    f = findings("oom_first_forward.log")[0]
+    assert (f["kind"], f["stage"]) == ("activations", "first-forward")
+
+
+def test_optimizer_state_init_oom_says_recompute_will_not_help():
+    f = findings("oom_optimizer_init.log")[0]
+    assert (f["kind"], f["stage"]) == ("static", "optimizer-state-init")
+    assert f["next_action"].startswith("recompute will not help")
+    for remedy in ("use_distributed_optimizer", "data parallelism", "PP/EP", "use_precision_aware_optimizer"):
+        assert remedy in f["next_action"]
+
+
+def test_oom_while_building_the_model_is_static():
+    f = findings("oom_setup.log")[0]
+    assert (f["kind"], f["stage"]) == ("static", "setup")
+
+
+def test_oom_after_iteration_1_without_a_traceback_is_activations():
+    f = findings("oom_iteration5.log")[0]
+    assert (f["kind"], f["iteration"]) == ("activations", 5)
+    assert "stage unknown" in f["evidence"]
+
+
+def test_oom_before_any_iteration_without_a_traceback_is_unknown():
+    rep = diagnose.diagnose(logs.parse_lines([lf.oom_message(2 * GIB, CAP, GIB, 70 * GIB, 0.1 * GIB)]))
+    assert kinds(rep["findings"]) == ["unknown"] and not rep["explained"]
+
+
+def test_memory_outside_pytorch_is_reported():
+    msg = lf.oom_message(2 * GIB, CAP, 0.3 * GIB, 60.0 * GIB, 0.2 * GIB, in_use=78.0 * GIB)
+    msg = msg.replace("Including non-PyTorch", "Process 999 has 9.00 GiB memory in use. Including non-PyTorch")
+    rep = diagnose.diagnose(logs.parse_lines([lf.iteration_line(1, 20, 3000.0)] + lf.traceback(lf.FORWARD, msg)))
+    ev = rep["findings"][0]["evidence"]
+    assert "17.80 GiB of this process is outside PyTorch" in ev
+    assert "other processes hold 9.00 GiB" in ev
+
+
+def test_every_rank_ooming_gives_one_finding_per_kind():
+    lines = [lf.iteration_line(1, 20, 3000.0)]
+    for r in range(8):
+        lines += [f"[default{r}]:{ln}" for ln in lf.traceback(
+            lf.BACKWARD, lf.oom_message(GIB, CAP, 0.2 * GIB, (76.0 + r / 10) * GIB, 0.1 * GIB, gpu=r))]
+    fs = diagnose.diagnose(logs.parse_lines(lines))["findings"]
+    assert kinds(fs) == ["activations"]
+    assert fs[0]["oom"]["rank"] == 7                      # the most loaded rank is the evidence
+    assert "and 7 more OOM event(s)" in fs[0]["evidence"]
+
+
+def test_cli_json_has_the_design_keys_and_exit_0():
+    proc = run_script("diagnose", FIXTURES / "oom_fragmentation.log", "--json")
+    assert proc.returncode == 0, proc.stderr
+    out = json.loads(proc.stdout)
+    for f in out["findings"]:
+        assert {"kind", "evidence", "next_action"} <= set(f)
+    assert out["findings"][0]["oom"]["reserved_unallocated_gib"] == 5.6
+
+
+def test_cli_reads_stdin_with_dash():
+    text = (FIXTURES / "oom_optimizer_init.log").read_bytes()
+    proc = subprocess.run([sys.executable, str(SCRIPTS / "diagnose.py"), "-", "--json"], input=text,
+                          capture_output=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(proc.stdout)["findings"][0]["kind"] == "static"
+
+
+def test_cli_message_alone_is_classified():
+    msg = lf.oom_message(2 * GIB, CAP, GIB, 60 * GIB, 6 * GIB)
+    out = json.loads(run_script("diagnose", "--message", msg, "--json").stdout)
+    assert out["findings"][0]["kind"] == "fragmentation"
+
+
+def test_clean_run_is_nothing_recognisable_exit_1():
+    proc = run_script("diagnose", FIXTURES / "pass.log", "--json")
+    assert proc.returncode == 1
+    assert json.loads(proc.stdout)["findings"] == []
+
+
+def test_no_input_or_missing_file_is_exit_2(tmp_path):
+    proc = run_script("diagnose")
+    assert proc.returncode == 2 and proc.stderr.startswith("error: LOG:")
+    proc = run_script("diagnose", tmp_path / "nope.log", "--json")
+    assert proc.returncode == 2 and proc.stdout == "" and "no such file" in proc.stderr

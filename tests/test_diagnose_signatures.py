@@ -1,0 +1,230 @@
+"""diagnose maps every recompute assertion and error string to its cause, fix and source line.
+
+Messages are megatron-core's own text (0.16.1 as installed, main where noted), with
+f-string parts filled in the way they print.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import sys
+
+import pytest
+
+from conftest import ROOT, run_script
+
+sys.path.insert(0, str(ROOT / "tests" / "fixtures" / "logs"))
+
+import logformat as lf  # noqa: E402
+from mbridge_recompute import card, diagnose, logs, signatures  # noqa: E402
+
+MC = lf.MC
+
+
+def one(text: str) -> dict:
+    rep = diagnose.diagnose(logs.parse_text(text + "\n"))
+    errors = [f for f in rep["findings"] if f["kind"] in ("config", "runtime")]
+    assert errors, rep
+    return errors[0]
+
+
+# (raised text as it appears in a log, expected finding id) -- §4.2/§4.3 and what the card adds
+RAISED = [
+    # runtime failures (forward time / module init), card-backed
+    ("NameError: name 'FP8GlobalStateManager' is not defined", "label-needs-te"),
+    ("ValueError: During training, performance may degrade if MoE and tensor parallelismare enabled without "
+     "also enabling sequence parallelism.", "moe-tp-without-sp"),
+    ("AssertionError: recompute_num_layers must be 1 for MTP recompute", "mtp-uniform-needs-one"),
+    ("ValueError: moe_act recompute for fp8 or fp4 cannot work with the legacy GroupedMLP.",
+     "fp8-moe-act-legacy-grouped-gemm"),
+    ("AssertionError: CPU Offloading is enabled when TE is not present", "cpu-offloading-needs-te"),
+    # runtime failures the card does not carry (signatures.RUNTIME)
+    ("RuntimeError: Checkpointing is not compatible with .grad(), please use .backward() if possible",
+     "checkpoint-with-autograd-grad"),
+    ("ImportError: Transformer Engine is not installed. Please install it with `pip install "
+     "transformer-engine`.", "te-checkpoint-needs-te"),
+    ("ValueError: set_save_original_input is only needed on transformer-engine modules that save quantized "
+     "tensors by default. It needs transformer-engine>=2.6.0dev0.", "save-original-input-needs-te-2-6"),
+    ("NotImplementedError: set_for_recompute_input_layernorm is not implemented.",
+     "layernorm-recompute-attention-override"),
+    ("AssertionError: num_layers should be divisible by pipeline_model_parallel_size", "num-layers-divisible-by-pp"),
+    # megatron/training/arguments.py
+    ("AssertionError: recompute method is not yet supported for selective recomputing granularity",
+     "selective-with-method"),
+    ("AssertionError: can distribute recomputed activations only across tensor model parallel groups",
+     "distribute-needs-tp"),
+    ("AssertionError: distributed recompute activations is only application to full recompute granularity",
+     "distribute-needs-full"),
+    ("AssertionError: for distributed recompute activations to work you need to use a recompute method ",
+     "distribute-needs-method"),
+    ("--checkpoint-activations is no longer valid, use --recompute-activations, or, for more control, "
+     "--recompute-granularity and --recompute-method.", "checkpoint-activations-removed"),
+    ("AssertionError: Fine-grained activation offloading is only supported with transformer_engine "
+     "implementation", "fine-grained-offloading-needs-te"),
+    # __post_init__ (card)
+    ("AssertionError: Invalid choices for recompute_modules: {'moe_layer'}. Allowed modules are: "
+     "{'core_attn', 'moe_act', 'layernorm', 'mla_up_proj', 'mlp', 'moe', 'shared_experts'}",
+     "modules-invalid-label"),
+    ("ValueError: When using recompute_granularity: selective recompute_num_layers must be None.",
+     "selective-with-num-layers"),
+    ('ValueError: Using recompute_granularity: full so recompute_method must be "block" or "uniform"',
+     "full-needs-method"),
+    ("ValueError: Delayed scaling does not support moe_act and layernorm recompute for fp8.",
+     "fp8-delayed-moe-act-layernorm"),
+    ("ValueError: distribute_saved_activations: True must be false when sequence parallel is enabled: True",
+     "distribute-saved-activations-with-sp"),
+    ("ValueError: CPU offloading does not work when activation recomputation is enabled",
+     "cpu-offloading-with-recompute"),
+    # CUDA graphs
+    ("AssertionError: full recompute is only supported with full iteration CUDA graph.",
+     "full-recompute-needs-full-iteration-graph"),
+    ("AssertionError: attention dropout is not supported with graphed attention recomputation.",
+     "attention-dropout-with-graphed-core-attn"),
+    ("AssertionError: moe recompute is not supported with moe_router CUDA graph with: ",
+     "moe-recompute-with-te-moe-router-graph"),
+    ("AssertionError: Invalid cuda graph implementation: te", "cuda-graph-impl-invalid"),
+    ("AssertionError: disable moe in recompute_modules when enabling overlap_moe_expert_parallel_comm",
+     "ep-overlap-with-moe-recompute"),
+    ("AssertionError: disable full recomputation when enabling overlap_moe_expert_parallel_comm",
+     "ep-overlap-with-full"),
+    # Megatron-LM main only
+    ("ValueError: 'mhc' and 'mlp' in recompute_modules cannot be used together. They use different checkpoint "
+     "mechanisms that may conflict.", "mhc-with-mlp"),
+    ("ValueError: 'mhc' in recompute_modules requires enable_mhc_connections=True.", "mhc-needs-connections"),
+]
+
+
+@pytest.mark.parametrize("text,fid", RAISED, ids=[f for _, f in RAISED])
+def test_recompute_error_string_maps_to_its_cause_fix_and_source(text, fid):
+    f = one(text)
+    assert f["id"] == fid
+    assert f["severity"] == "error"
+    assert f["next_action"].strip()
+    assert re.search(r"\S+:\d+|@ ", f["source"]), f["source"]
+
+
+def test_error_with_the_launcher_prefix_is_still_recognised():
+    f = one("[default3]:[rank3]: ValueError: Delayed scaling does not support moe_act and layernorm recompute "
+            "for fp8.")
+    assert f["constraint_id"] == "fp8-delayed-moe-act-layernorm"
+
+
+def test_uniform_index_error_is_recognised_from_its_frames():
+    frames = [(f"{MC}/transformer/transformer_block.py", 530, "_checkpointed_forward", "checkpoint_handler("),
+              (f"{MC}/transformer/transformer_block.py", 444, "_get_layer", "return self.layers[layer_number]"),
+              ("/torch/nn/modules/container.py", 370, "__getitem__", "raise IndexError(...)")]
+    f = one("\n".join(lf.traceback(frames, "IndexError: index 7 is out of range")))
+    assert f["constraint_id"] == "uniform-num-layers-not-dividing-chunk"
+    assert "recompute_method=block" in f["next_action"]
+
+
+def test_index_error_elsewhere_is_not_the_uniform_recompute_bug():
+    frames = [("/app/data.py", 10, "__getitem__", "return self.items[i]")]
+    rep = diagnose.diagnose(logs.parse_lines(lf.traceback(frames, "IndexError: index 7 is out of range")))
+    assert [f["kind"] for f in rep["findings"]] == ["unknown"]
+    assert not rep["explained"]
+
+
+def test_full_recompute_fp8_without_te_is_recognised_from_its_frames():
+    frames = [(f"{MC}/transformer/transformer_block.py", 508, "checkpoint_handler", "return te_checkpoint(")]
+    f = one("\n".join(lf.traceback(frames, "TypeError: 'NoneType' object is not callable")))
+    assert f["id"] == "full-recompute-fp8-without-te"
+
+
+def test_te_version_typeerror_of_0_16_1_without_te_is_recognised():
+    f = one("TypeError: '>=' not supported between instances of 'NoneType' and 'Version'")
+    assert f["id"] == "te-version-none" and "Transformer Engine" in f["next_action"]
+
+
+def _filled(message: str) -> str:
+    return re.sub(r"\{[^{}]*\}", "X", message.replace("…", "")).strip()
+
+
+CARD_MESSAGES = [c for c in card.constraints()
+                 if (c.get("message") or "").strip() not in signatures._NOT_A_MESSAGE
+                 and len(c["message"].strip()) >= 12]
+
+
+def test_the_card_has_messages_to_match():
+    assert len(CARD_MESSAGES) >= 40
+
+
+@pytest.mark.parametrize("c", CARD_MESSAGES, ids=[c["id"] for c in CARD_MESSAGES])
+def test_every_card_message_is_recognised_by_its_constraint_id(c):
+    rep = diagnose.diagnose(logs.parse_text(f"AssertionError: {_filled(c['message'])}\n"))
+    f = next(f for f in rep["findings"] if f["kind"] in ("config", "runtime"))
+    assert f["constraint_id"] == c["id"]
+    assert f["next_action"] == c["fix"] and f["source"] == c["source"]
+
+
+def test_runtime_table_does_not_repeat_a_card_message():
+    # facts live once: no runtime entry matches a message the card already carries
+    line_sigs = tuple(s for s in signatures.RUNTIME if not (s.exc_type or s.frames))
+    for c in CARD_MESSAGES:
+        assert signatures.match_line(_filled(c["message"]), line_sigs) is None, c["id"]
+
+
+def test_a_message_the_card_carries_is_matched_through_the_card(monkeypatch):
+    """When the card gains a string this table also has, the card's entry answers and the table's drops out."""
+    grad = next(s for s in signatures.RUNTIME if s.id == "checkpoint-with-autograd-grad")
+    fake = {"id": "grad-in-card", "kind": "runtime", "severity": "error", "condition": "c", "fix": "card fix",
+            "source": "random.py:539 @ core_v0.16.1", "message": grad.message}
+    monkeypatch.setattr(card, "constraints", lambda: [fake])
+    signatures.card_signatures.cache_clear()
+    signatures.all_signatures.cache_clear()
+    try:
+        ids = [s.id for s in signatures.all_signatures()]
+        assert "grad-in-card" in ids and "checkpoint-with-autograd-grad" not in ids
+        assert one("RuntimeError: " + grad.message)["constraint_id"] == "grad-in-card"
+    finally:
+        signatures.card_signatures.cache_clear()
+        signatures.all_signatures.cache_clear()
+
+
+def test_runtime_table_entries_cite_their_source():
+    for s in signatures.RUNTIME:
+        assert "@" in s.source and s.fix, s.id
+        if s.constraint_id:
+            card.constraint(s.constraint_id)          # names a real card constraint
+
+
+def test_warning_alone_is_reported_but_explains_nothing():
+    text = ("UserWarning: If you are using transformer_engine as the transformer implementation, the core_attn "
+            "is from transformer_engine and may be the fused version. For fused attention, you have no need to "
+            "set 'core_attn' to recompute. Please check that the core_attn recompute is really needed.")
+    proc = run_script("diagnose", "--message", "/x/transformer_config.py:1224: " + text, "--json")
+    assert proc.returncode == 1
+    f = json.loads(proc.stdout)["findings"][0]
+    assert (f["constraint_id"], f["severity"]) == ("core-attn-fused-attention", "warning")
+
+
+def test_unlisted_config_assertion_is_still_a_config_finding():
+    frames = [(f"{MC}/transformer/transformer_config.py", 1234, "__post_init__", "assert self.foo")]
+    rep = diagnose.diagnose(logs.parse_lines(lf.traceback(frames, "AssertionError: some brand-new rule")))
+    f = rep["findings"][0]
+    assert f["kind"] == "config" and f["source"].endswith("transformer_config.py:1234")
+    assert rep["explained"]
+
+
+def test_same_error_on_every_rank_is_one_finding():
+    line = "AssertionError: full recompute is only supported with full iteration CUDA graph."
+    rep = diagnose.diagnose(logs.parse_lines([f"[default{r}]:{line}" for r in range(8)]))
+    assert len(rep["findings"]) == 1 and rep["findings"][0]["count"] == 8
+
+
+def test_cli_classifies_a_pasted_assertion_with_exit_0():
+    proc = run_script("diagnose", "--message",
+                      "AssertionError: disable moe in recompute_modules when enabling "
+                      "overlap_moe_expert_parallel_comm", "--json")
+    assert proc.returncode == 0, proc.stderr
+    f = json.loads(proc.stdout)["findings"][0]
+    assert f["kind"] == "config" and f["constraint_id"] == "ep-overlap-with-moe-recompute"
+
+
+def test_oom_findings_come_before_error_findings():
+    lines = [lf.iteration_line(1, 20, 3000.0)]
+    lines += lf.traceback(lf.BACKWARD, lf.oom_message(2 * lf.GIB, 79 * lf.GIB, lf.GIB, 76 * lf.GIB, 0.1 * lf.GIB))
+    lines += ["NameError: name 'FP8GlobalStateManager' is not defined"]
+    rep = diagnose.diagnose(logs.parse_lines(lines))
+    assert [f["kind"] for f in rep["findings"]] == ["activations", "runtime"]
