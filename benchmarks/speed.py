@@ -67,6 +67,26 @@ def run_once(extra: list[str]) -> dict:
             "stderr_tail": proc.stderr.strip().splitlines()[-3:] if proc.returncode not in (0, 1) else []}
 
 
+def import_breakdown(top: int = 6) -> list[tuple[str, float]]:
+    """Cumulative import time (ms) of the heaviest top-level modules, from `python -X importtime`."""
+    env = dict(os.environ)
+    env.pop("PYTHONPATH", None)
+    proc = subprocess.run([sys.executable, "-X", "importtime", str(ROOT / "scripts" / "plan.py"),
+                           *WORKLOAD_ARGS, "--json"], capture_output=True, text=True, cwd=ROOT, env=env,
+                          stdin=subprocess.DEVNULL)
+    cumulative = {}
+    for line in proc.stderr.splitlines():
+        if not line.startswith("import time:") or "|" not in line:
+            continue
+        _, cum, name = (x.strip() for x in line[len("import time:"):].split("|"))
+        if not cum.isdigit():
+            continue
+        depth = len(name) - len(name.lstrip())
+        if depth <= 2:                        # top-level imports and their direct children
+            cumulative[name.strip()] = max(cumulative.get(name.strip(), 0), int(cum) / 1000)
+    return sorted(cumulative.items(), key=lambda kv: -kv[1])[:top]
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--repeat", type=int, default=5)
@@ -85,6 +105,8 @@ def main(argv=None) -> int:
     print(f"  candidates searched: {first['candidates']}, on the frontier: {first['frontier']}, "
           f"recommended: {first['recommendation']}")
     print(f"  imported: {first['imported']}")
+    print("  heaviest imports (cumulative ms, one run): "
+          + ", ".join(f"{name} {ms:.0f}" for name, ms in import_breakdown()))
     return 0
 
 

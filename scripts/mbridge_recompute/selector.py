@@ -35,6 +35,7 @@ GB = 1e9                      # decimal GB, as Bridge prints mem-max-allocated-g
 HEADROOM_FRACTION = 0.05      # default budget: GPU memory minus max(5 %, 2 GB)
 HEADROOM_MIN_GB = 2.0
 MAX_SUBSET_LABELS = 10        # beyond this many useful labels, subsets are capped (never hit in 0.16.1)
+NEGLIGIBLE_FRACTION = 1e-3    # a label saving under 0.1 % of the control's peak cannot change a fit
 
 CAVEAT = ("The recommendation is a prediction, not a measurement: run it against the matched "
           "selective [] control (run_harness.py --from-plan plan.json) and keep it only if the "
@@ -161,15 +162,16 @@ def _nested() -> dict:
     return {e["label"]: set(e.get("contains") or []) for e in card.load()["labels"]}
 
 
-def useful_labels(effects) -> tuple[list[str], list[str]]:
+def useful_labels(effects, control_peak_bytes: int = 0) -> tuple[list[str], list[str]]:
     """(labels worth searching, notes on the ones dropped)."""
     keep, notes = [], []
+    floor = max(0.0, NEGLIGIBLE_FRACTION * control_peak_bytes)
     for e in effects:
         if not e.applicable:
             notes.append(f"{e.label}: not applicable ({e.reason})")
-        elif e.saving_bytes <= 0:
+        elif e.saving_bytes <= floor:
             notes.append(f"{e.label}: dropped from the search, modelled saving "
-                         f"{e.saving_bytes / GB:+.3f} GB (no-op or adds memory)")
+                         f"{e.saving_bytes / GB:+.3f} GB (no-op, negligible or adds memory)")
         else:
             keep.append(e.label)
     return keep, notes
@@ -303,12 +305,12 @@ def plan(w, budget_gb: Optional[float] = None, measured_peak_gb: Optional[float]
     baseline = check(control.apply(w))
     baseline_errors = {f["id"] for f in baseline["findings"] if f["severity"] == "error"}
 
-    labels, dropped = useful_labels(effects)
-    settings = [RecomputeSetting.off()] + selective_settings(labels) + full_settings(w)
-    cands = [evaluate(w, s, check, baseline_errors) for s in settings]
+    control_cand = evaluate(w, control, check, baseline_errors)
+    labels, dropped = useful_labels(effects, control_cand.model_peak_bytes)
+    settings = [RecomputeSetting.off()] + selective_settings(labels)[1:] + full_settings(w)
+    cands = [control_cand] + [evaluate(w, s, check, baseline_errors) for s in settings]
 
     calibration = None
-    control_cand = next(c for c in cands if c.setting == control)
     if measured_peak_gb is not None:
         calibration = Calibration(int(measured_peak_gb * GB), control_cand.model_peak_bytes, measured_source)
         for c in cands:

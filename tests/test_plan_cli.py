@@ -1,0 +1,149 @@
+"""`plan.py` as an agent runs it: JSON contract, exit codes, calibration input, plot file safety."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from conftest import EXAMPLES
+
+MOONLIGHT = str(EXAMPLES / "moonlight_16b.yaml")
+RANK_KEYS = {"pp_rank", "static_bytes", "activation_bytes", "peak_bytes"}
+LABEL_KEYS = {"label", "saving_bytes", "cost_pct", "applicable", "reason"}
+REC_KEYS = {"recompute_granularity", "recompute_modules", "recompute_method", "recompute_num_layers",
+            "peak_bytes", "cost_pct", "fits"}
+
+
+@pytest.fixture(scope="module")
+def moonlight_json():
+    from conftest import run_script
+
+    p = run_script("plan", MOONLIGHT, "--json")
+    assert p.returncode in (0, 1), p.stderr
+    return p, json.loads(p.stdout)
+
+
+def test_json_has_the_design_keys_with_sizes_in_bytes(moonlight_json):
+    _, r = moonlight_json
+    assert {"ranks", "labels", "frontier", "recommendation", "assumptions"} <= set(r)
+    assert r["ranks"] and all(RANK_KEYS <= set(x) for x in r["ranks"])
+    assert all(isinstance(x["peak_bytes"], int) and x["peak_bytes"] > 10**9 for x in r["ranks"])
+    assert r["labels"] and all(LABEL_KEYS <= set(x) for x in r["labels"])
+    assert r["frontier"] and all(REC_KEYS - {"fits"} <= set(x) for x in r["frontier"])
+    assert REC_KEYS <= set(r["recommendation"])
+    assert set(r["recommendation"]["snippets"]) >= {"python", "yaml", "overrides", "harness", "mlm"}
+    assert all(isinstance(a, str) for a in r["assumptions"]) and r["assumptions"]
+    assert r["harness_candidates"][0] == "[]"
+
+
+def test_exit_code_follows_whether_the_recommendation_fits(moonlight_json):
+    p, r = moonlight_json
+    assert p.returncode == (0 if r["recommendation"]["fits"] else 1)
+
+
+def test_no_arguments_plans_the_embedded_default_workload(run_tool):
+    p = run_tool("plan", "--json")
+    assert p.returncode in (0, 1), p.stderr
+    r = json.loads(p.stdout)
+    assert r["workload"]["num_layers"] == 80 and r["workload"]["pp"] == 4 and r["workload"]["vpp"] == 5
+    assert len(r["ranks"]) == 4
+
+
+def test_no_arguments_text_shows_ranks_labels_frontier_and_a_snippet(run_tool):
+    p = run_tool("plan")
+    assert p.returncode in (0, 1), p.stderr
+    for heading in ("memory per pipeline rank", "recompute labels", "frontier", "recommendation:",
+                    "assumptions:"):
+        assert heading in p.stdout
+    assert "recompute_granularity" in p.stdout          # the YAML or override snippet
+
+
+def test_budget_too_small_exits_1_and_says_it_does_not_fit(run_tool):
+    p = run_tool("plan", MOONLIGHT, "--budget-gb", "2", "--json")
+    assert p.returncode == 1
+    r = json.loads(p.stdout)
+    assert r["recommendation"]["fits"] is False and r["fits"] is False
+
+
+@pytest.mark.parametrize("args, field", [
+    (["--budget-gb", "-3"], "--budget-gb"),
+    (["--measured-peak-gb", "0"], "--measured-peak-gb"),
+    (["--top", "0"], "--top"),
+])
+def test_bad_numbers_exit_2_naming_the_option(run_tool, args, field):
+    p = run_tool("plan", MOONLIGHT, *args, "--json")
+    assert p.returncode == 2 and p.stdout == ""
+    assert p.stderr.startswith(f"error: {field}:")
+
+
+def test_measured_compare_report_anchors_the_control(run_tool, tmp_path, moonlight_json):
+    _, plain = moonlight_json
+    cmp_file = tmp_path / "compare.json"
+    cmp_file.write_text(json.dumps({"control": "empty", "runs": [
+        {"name": "empty", "status": "pass", "peak_allocated_gb": 36.618},
+        {"name": "moe_act", "status": "pass", "peak_allocated_gb": 35.941}]}))
+    p = run_tool("plan", MOONLIGHT, "--measured", str(cmp_file), "--json")
+    assert p.returncode in (0, 1), p.stderr
+    r = json.loads(p.stdout)
+    control = next(c for c in r["candidates"] if c["name"] == "[]")
+    assert control["peak_bytes"] == 36_618_000_000
+    offset = r["calibration"]["offset_bytes"]
+    before = {c["name"]: c["peak_bytes"] for c in plain["candidates"]}
+    assert all(c["peak_bytes"] == before[c["name"]] + offset for c in r["candidates"])
+
+
+def test_measured_and_measured_peak_are_exclusive(run_tool, tmp_path):
+    p = run_tool("plan", MOONLIGHT, "--measured", str(tmp_path / "x.json"), "--measured-peak-gb", "3")
+    assert p.returncode == 2
+
+
+def test_top_limits_the_frontier(run_tool):
+    p = run_tool("plan", MOONLIGHT, "--top", "2", "--json")
+    assert len(json.loads(p.stdout)["frontier"]) <= 2
+
+
+def test_plot_writes_a_png_and_refuses_to_overwrite_without_force(run_tool, tmp_path):
+    png = tmp_path / "frontier.png"
+    p = run_tool("plan", MOONLIGHT, "--plot", str(png), "--json")
+    assert p.returncode in (0, 1), p.stderr
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    png.write_bytes(b"user data")
+    p = run_tool("plan", MOONLIGHT, "--plot", str(png))
+    assert p.returncode == 2 and "exists; pass --force" in p.stderr
+    assert png.read_bytes() == b"user data"
+    p = run_tool("plan", MOONLIGHT, "--plot", str(png), "--force", "--json")
+    assert p.returncode in (0, 1) and png.read_bytes()[:4] == b"\x89PNG"
+
+
+def test_the_harness_takes_the_plan_json_directly(tmp_path, moonlight_json):
+    from mbridge_recompute import harness
+    from mbridge_recompute.setting import RecomputeSetting
+
+    _, r = moonlight_json
+    f = tmp_path / "plan.json"
+    f.write_text(json.dumps(r))
+    settings = harness.candidates_from_plan(str(f))
+    assert settings[0] == RecomputeSetting.selective()
+    rec = r["recommendation"]
+    rec_setting = RecomputeSetting(rec["recompute_granularity"],
+                                   tuple(rec["recompute_modules"]) if rec["recompute_modules"] is not None
+                                   else None, rec["recompute_method"], rec["recompute_num_layers"])
+    assert rec_setting in settings
+
+
+def test_plan_never_imports_torch():
+    """The planner is a light path: no torch and no megatron, even with the full candidate search."""
+    import subprocess
+    import sys
+
+    from conftest import SCRIPTS
+
+    probe = ("import runpy, sys, atexit\n"
+             "atexit.register(lambda: sys.stderr.write('HEAVY=' + str(sorted(m for m in ('torch', "
+             "'megatron') if m in sys.modules)) + chr(10)))\n"
+             "sys.argv = ['plan.py', '--json']\n"
+             "runpy.run_path(" + repr(str(SCRIPTS / "plan.py")) + ", run_name='__main__')\n")
+    p = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=60)
+    assert p.returncode in (0, 1), p.stderr
+    assert "HEAVY=[]" in p.stderr, p.stderr

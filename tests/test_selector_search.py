@@ -1,0 +1,151 @@
+"""The planner's candidate search, frontier, recommendation and calibration."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from conftest import EXAMPLES
+from mbridge_recompute import selector
+from mbridge_recompute.errors import InputError
+from mbridge_recompute.loading import load_workload
+from mbridge_recompute.setting import RecomputeSetting
+
+GB = 1e9
+
+
+@pytest.fixture(scope="module")
+def moonlight():
+    return load_workload(str(EXAMPLES / "moonlight_16b.yaml"))
+
+
+@pytest.fixture(scope="module")
+def moonlight_plan(moonlight):
+    return selector.plan(moonlight)
+
+
+def test_moe_is_never_combined_with_the_labels_it_contains():
+    settings = selector.selective_settings(["moe", "moe_act", "shared_experts", "layernorm"])
+    mods = [set(s.modules) for s in settings]
+    assert not [m for m in mods if "moe" in m and m & {"moe_act", "shared_experts"}]
+    # 2^3 subsets without moe (incl. the [] control) + {moe} and {moe, layernorm}
+    assert len(settings) == 10
+    assert RecomputeSetting.selective() in settings
+
+
+def test_uniform_counts_divide_every_model_chunk_and_block_spans_the_chunk():
+    w = load_workload(default=True)                     # 80 layers, PP 4 x VPP 5: chunks of 4
+    assert set(selector.chunk_layer_counts(w)) == {4}
+    names = [selector.harness_name(s) for s in selector.full_settings(w)]
+    assert names == ["uniform:1", "uniform:2", "uniform:4", "block:1", "block:2", "block:3", "block:4"]
+    m = load_workload(str(EXAMPLES / "moonlight_16b.yaml"))   # PP 1: one chunk of 27
+    assert [s.num_layers for s in selector.full_settings(m) if s.method == "uniform"] == [1, 3, 9, 27]
+
+
+def test_uneven_pipeline_chunks_allow_only_common_divisors():
+    w = load_workload(model="deepseek-v3")              # 4 + 14 x 4 + 1 layers over PP 16
+    chunks = selector.chunk_layer_counts(w)
+    assert chunks[0] == 4 and chunks[-1] == 1 and sum(chunks) == 61
+    full = selector.full_settings(w)
+    assert [s.num_layers for s in full if s.method == "uniform"] == [1]
+    assert max(s.num_layers for s in full if s.method == "block") == 4
+
+
+def test_default_budget_keeps_five_percent_or_two_gb_of_headroom():
+    w = load_workload(default=True)
+    assert selector.default_budget_bytes(w) == int(76 * GB)
+    assert selector.default_budget_bytes(w.replace(gpu_memory_gb=24.0)) == int(22 * GB)
+    _, text = selector.budget_statement(w, None)
+    assert "headroom" in text and "--budget-gb" in text
+    with pytest.raises(InputError):
+        selector.budget_statement(w, -1.0)
+
+
+def test_searched_labels_are_applicable_and_save_memory(moonlight_plan):
+    useful = {e["label"] for e in moonlight_plan["labels"] if e["applicable"] and e["saving_bytes"] > 0}
+    for c in moonlight_plan["candidates"]:
+        if c["recompute_granularity"] == "selective":
+            assert set(c["recompute_modules"]) <= useful, c["name"]
+
+
+def test_dominated_candidates_are_marked_and_the_frontier_is_undominated(moonlight_plan):
+    cands = {c["name"]: c for c in moonlight_plan["candidates"]}
+    allowed = [c for c in cands.values() if c["allowed"]]
+    marked = [c for c in allowed if c["dominated"]]
+    assert marked, "a search with full recompute always has dominated points"
+    for c in marked:
+        o = cands[c["dominated_by"]]
+        assert o["peak_bytes"] <= c["peak_bytes"] and o["cost_pct"] <= c["cost_pct"]
+        assert o["peak_bytes"] < c["peak_bytes"] or o["cost_pct"] < c["cost_pct"]
+    for f in moonlight_plan["frontier"]:
+        assert not any(o["peak_bytes"] <= f["peak_bytes"] and o["cost_pct"] <= f["cost_pct"]
+                       and (o["peak_bytes"] < f["peak_bytes"] or o["cost_pct"] < f["cost_pct"])
+                       for o in allowed)
+    assert {f["name"] for f in moonlight_plan["frontier"]} == {c["name"] for c in allowed if not c["dominated"]}
+
+
+def test_recommendation_is_the_cheapest_candidate_that_fits(moonlight, moonlight_plan):
+    peaks = sorted(c["peak_bytes"] for c in moonlight_plan["candidates"] if c["allowed"])
+    budget = (peaks[0] + peaks[-1]) / 2 / GB                 # some fit, some do not
+    r = selector.plan(moonlight, budget_gb=budget)
+    rec = r["recommendation"]
+    assert rec["fits"] and rec["peak_bytes"] <= budget * GB
+    fitting = [c for c in r["candidates"] if c["fits"]]
+    assert all(c["cost_pct"] >= rec["cost_pct"] for c in fitting)
+    assert any(not c["fits"] and c["allowed"] for c in r["candidates"])
+
+
+def test_nothing_fits_a_tiny_budget_and_the_lowest_peak_is_reported(moonlight, moonlight_plan):
+    r = selector.plan(moonlight, budget_gb=1.0)
+    assert r["fits"] is False and r["recommendation"]["fits"] is False
+    lowest = min(c["peak_bytes"] for c in r["candidates"] if c["allowed"])
+    assert r["recommendation"]["peak_bytes"] == lowest
+
+
+def test_calibration_shifts_every_prediction_by_the_measured_offset(moonlight, moonlight_plan):
+    control = next(c for c in moonlight_plan["candidates"] if c["name"] == "[]")
+    measured = control["model_peak_bytes"] / GB + 1.75
+    r = selector.plan(moonlight, measured_peak_gb=measured)
+    offset = int(measured * GB) - control["model_peak_bytes"]
+    assert r["calibration"]["offset_bytes"] == offset
+    before = {c["name"]: c["peak_bytes"] for c in moonlight_plan["candidates"]}
+    for c in r["candidates"]:
+        assert c["peak_bytes"] - before[c["name"]] == offset
+        assert c["model_peak_bytes"] == before[c["name"]]
+    assert next(c for c in r["candidates"] if c["name"] == "[]")["peak_bytes"] == int(measured * GB)
+    assert any("calibrated" in a for a in r["assumptions"])
+
+
+def test_candidates_the_checker_rejects_are_never_recommended():
+    """Nemotron 3 Nano runs TE CUDA graphs (attn, mamba): full recompute needs full-iteration capture."""
+    w = load_workload(str(EXAMPLES / "nemotron_3_nano.yaml"))
+    r = selector.plan(w, budget_gb=1.0)
+    full = [c for c in r["candidates"] if c["recompute_granularity"] == "full"]
+    assert full and all(not c["allowed"] for c in full)
+    assert all("full-recompute-needs-full-iteration-graph" in c["rejected_by"] for c in full)
+    assert r["recommendation"]["recompute_granularity"] != "full"
+    assert all(c["allowed"] for c in r["frontier"])
+
+
+def test_harness_candidates_start_with_the_control_and_include_the_recommendation(moonlight_plan):
+    hc = moonlight_plan["harness_candidates"]
+    assert hc[0] == "[]"
+    rec = moonlight_plan["recommendation"]
+    if rec["recompute_granularity"] is not None:
+        assert rec["name"] in hc
+    for text in hc:
+        RecomputeSetting.parse(text)                      # every entry is valid candidate syntax
+
+
+def test_measured_peak_comes_from_the_compare_reports_control_run(tmp_path):
+    p = tmp_path / "compare.json"
+    p.write_text(json.dumps({"control": "empty", "runs": [
+        {"name": "moe_act", "status": "pass", "peak_allocated_gb": 35.941},
+        {"name": "empty", "status": "pass", "peak_allocated_gb": 36.618}]}))
+    assert selector.measured_peak_from_compare(str(p)) == 36.618
+    p.write_text(json.dumps({"control": "empty", "runs": [{"name": "empty", "status": "oom",
+                                                          "peak_allocated_gb": None}]}))
+    with pytest.raises(InputError) as exc:
+        selector.measured_peak_from_compare(str(p))
+    assert exc.value.field == "--measured" and "no peak_allocated_gb" in exc.value.reason
