@@ -91,12 +91,17 @@ _POSITIVE = {"num_layers", "hidden_size", "num_attention_heads", "num_query_grou
              "kv_lora_rank", "qk_head_dim", "qk_pos_emb_head_dim", "v_head_dim"}
 _CHOICES = {
     "transformer_impl": ("transformer_engine", "local", "inference_optimized"),
-    "cuda_graph_impl": ("none", "local", "transformer_engine"),
+    # full_iteration is an impl in main (tc:2778-2783 @ d98e8a6); the checker rejects it for 0.16.1
+    "cuda_graph_impl": ("none", "local", "transformer_engine", "full_iteration"),
     "fp8": ("e4m3", "hybrid"),
     "fp8_recipe": ("delayed", "tensorwise", "mxfp8", "blockwise", "custom"),
     "fp4": ("nvfp4",),
     "moe_token_dispatcher_type": ("allgather", "alltoall", "flex"),
 }
+
+# CudaGraphScope names (transformer/enums.py:70-79 @ core_v0.16.1) plus the deprecated "full".
+CUDA_GRAPH_SCOPES = ("full", "full_iteration", "attn", "mlp", "moe", "moe_router", "moe_preprocess",
+                     "mamba")
 
 
 def _coerce(name: str, value: Any, where: str) -> Any:
@@ -323,6 +328,14 @@ def validate(w: Workload, version: str) -> None:
         raise InputError("model.virtual_pipeline_model_parallel_size",
                          f"pp*vpp={pp * w.virtual_pipeline_model_parallel_size} does not divide "
                          f"num_layers={w.num_layers}")
+    scopes = w.cuda_graph_scope.split(",") if isinstance(w.cuda_graph_scope, str) \
+        else list(w.cuda_graph_scope or [])
+    unknown_scopes = [s for s in scopes if s.strip() not in CUDA_GRAPH_SCOPES]
+    if unknown_scopes:
+        # megatron-core would raise a bare KeyError (CudaGraphScope[name], tc:1711 @ core_v0.16.1)
+        raise InputError("model.cuda_graph_scope",
+                         f"unknown scope {unknown_scopes[0]!r}{_suggest(unknown_scopes[0].strip(), CUDA_GRAPH_SCOPES)}; "
+                         f"valid: {', '.join(CUDA_GRAPH_SCOPES)}")
     if isinstance(w.moe_layer_freq, list) and len(w.moe_layer_freq) != w.num_layers:
         raise InputError("model.moe_layer_freq",
                          f"has {len(w.moe_layer_freq)} entries for num_layers={w.num_layers}")
