@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import sys
 
 from hypothesis import HealthCheck, given, settings
@@ -32,9 +33,30 @@ log_bytes = st.lists(st.one_of(st.sampled_from(VOCAB), st.binary(max_size=40)), 
 @given(log_bytes)
 def test_parser_never_crashes_on_arbitrary_bytes(data):
     run = logs.parse_text(data.decode("utf-8", errors="replace"), name="fuzz")
-    # and everything built on it stays total too
-    compare.compare([run])
-    diagnose.diagnose(run)
+    # and everything built on it stays total too, and its reports are strict JSON
+    json.dumps(compare.compare([run]), allow_nan=False)
+    json.dumps(diagnose.diagnose(run), allow_nan=False, default=str)
+
+
+@FAST
+@given(st.lists(st.sampled_from(["1.2.3", "1e400", "nan", "-", "99999999999999999999", "0", "7"]), min_size=12,
+                max_size=12))
+def test_malformed_numbers_in_every_field_do_not_crash(nums):
+    a = iter(nums)
+    lines = [f"Theoretical memory footprints: weight and optimizer={next(a)} MB, activation={next(a)} MB, total=1 MB",
+             f"Total number of parameters in billions: {next(a)}",
+             f"[Rank 0] (after 2 iterations) memory (GB) | mem-max-allocated-gigabytes: {next(a)} | "
+             f"mem-max-reserved-gigabytes: {next(a)}",
+             f"[Rank 1] (after 2 iterations) memory (MB) | allocated: {next(a)} | max allocated: {next(a)} | "
+             f"reserved: 1 | max reserved: 2",
+             f"Step Time : {next(a)}s GPU utilization: {next(a)}MODEL_TFLOP/s/GPU",
+             f"torch.OutOfMemoryError: CUDA out of memory. Tried to allocate {next(a)} GiB. GPU 0 has a total "
+             f"capacity of {next(a)} GiB of which 1 GiB is free. Of the allocated memory {next(a)} GiB is allocated "
+             "by PyTorch, and 1 GiB is reserved by PyTorch but unallocated.",
+             lf.iteration_line(2, 2, 400.0)]
+    run = logs.parse_lines(lines)
+    json.dumps(compare.compare([run]), allow_nan=False)
+    json.dumps(diagnose.diagnose(run), allow_nan=False)
 
 
 @FAST

@@ -328,11 +328,16 @@ def _num(text: str) -> float:
         return math.nan
 
 
-def _size(value: str, unit: str) -> float:
+def _size(value: str, unit: str) -> Optional[float]:
     try:
-        return float(value) * _UNIT[unit]
+        x = float(value) * _UNIT[unit]
     except (ValueError, KeyError):
-        return math.nan
+        return None
+    return x if math.isfinite(x) else None
+
+
+def _finite(x: Optional[float]) -> Optional[float]:
+    return x if x is not None and math.isfinite(x) else None
 
 
 def split_prefix(raw: str) -> tuple:
@@ -375,13 +380,13 @@ def parse_iteration(text: str, line: int = 0) -> Optional[Iteration]:
 def parse_memory(text: str, line: int = 0) -> Optional[MemoryReport]:
     m = MEM.search(text)
     if m:
-        keys = {k: _num(v) for k, v in MEM_KEY.findall(m.group(3))}
+        keys = {k: _finite(_num(v)) for k, v in MEM_KEY.findall(m.group(3))}
         return MemoryReport(int(m.group(1)), int(m.group(2)), keys.get("mem-allocated-gigabytes"),
                             keys.get("mem-max-allocated-gigabytes"), keys.get("mem-reserved-gigabytes"),
                             keys.get("mem-max-reserved-gigabytes"), "bridge", line)
     m = MLMMEM.search(text)
     if m:
-        gb = [float(v) * MIB / GB for v in m.groups()[2:]]
+        gb = [_finite(_num(v) * MIB / GB) for v in m.groups()[2:]]
         return MemoryReport(int(m.group(1)), int(m.group(2)), gb[0], gb[1], gb[2], gb[3], "mlm", line)
     return None
 
@@ -399,7 +404,7 @@ def parse_oom(text: str, line: int = 0) -> Optional[OOMEvent]:
         ev.free = _size(m.group(4), m.group(5))
     if (m := OOM_INUSE.search(text)):
         ev.process_in_use = _size(*m.groups())
-    ev.other_processes = sum(_size(v, u) for _, v, u in OOM_OTHER.findall(text))
+    ev.other_processes = sum(_size(v, u) or 0.0 for _, v, u in OOM_OTHER.findall(text))
     if (m := OOM_ALLOC.search(text)):
         ev.allocated = _size(m.group(1), m.group(2))
         ev.reserved_unallocated = _size(m.group(3), m.group(4))
@@ -408,7 +413,9 @@ def parse_oom(text: str, line: int = 0) -> Optional[OOMEvent]:
         ev.capacity = _size(m.group(2), m.group(3))
         ev.allocated = _size(m.group(4), m.group(5))
         ev.free = _size(m.group(6), m.group(7))
-        ev.reserved_unallocated = max(0.0, _size(m.group(8), m.group(9)) - ev.allocated)
+        reserved = _size(m.group(8), m.group(9))
+        ev.reserved_unallocated = None if reserved is None or ev.allocated is None \
+            else max(0.0, reserved - ev.allocated)
     return ev
 
 
@@ -506,12 +513,13 @@ def parse_text(text: str, name: str = "log", path: str = "") -> Run:
             last_logged = max(last_logged, mem.after)
             continue
         if (m := THEO.search(line)):
-            run.theoretical.append(Theoretical(float(m.group(1)),
-                                               float(m.group(2)) if m.group(2) else None,
-                                               float(m.group(3)) if m.group(3) else None, no))
+            weight = _finite(_num(m.group(1)))
+            if weight is not None:
+                run.theoretical.append(Theoretical(weight, _finite(_num(m.group(2) or "nan")),
+                                                   _finite(_num(m.group(3) or "nan")), no))
             continue
         if (m := PARAMS.search(line)):
-            run.params_billions = _num(m.group(1))
+            run.params_billions = _finite(_num(m.group(1)))
             continue
         if DONE.search(line):
             run.completed = True
