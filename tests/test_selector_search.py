@@ -149,3 +149,12 @@ def test_measured_peak_comes_from_the_compare_reports_control_run(tmp_path):
     with pytest.raises(InputError) as exc:
         selector.measured_peak_from_compare(str(p))
     assert exc.value.field == "--measured" and "no peak_allocated_gb" in exc.value.reason
+
+
+def test_uniform_counts_need_not_divide_the_chunk_on_main():
+    """main clamps the last recompute group (recompute.py:157-166 @ d98e8a6); 0.16.1 raises IndexError."""
+    m = load_workload(str(EXAMPLES / "moonlight_16b.yaml"))
+    on_main = [s.num_layers for s in selector.full_settings(m, "main") if s.method == "uniform"]
+    assert on_main == list(range(1, 28))
+    on_0161 = [s.num_layers for s in selector.full_settings(m, "0.16.1") if s.method == "uniform"]
+    assert on_0161 == [1, 3, 9, 27]

@@ -143,12 +143,20 @@ def chunk_layer_counts(w) -> list[int]:
     return [c for c in chunks if c > 0] or [total]
 
 
-def full_settings(w) -> list[RecomputeSetting]:
+def full_settings(w, version: Optional[str] = None) -> list[RecomputeSetting]:
+    """uniform:N and block:N candidates. 0.16.1 needs N to divide every chunk for uniform
+    (IndexError otherwise, tb:532-542 @ core_v0.16.1); main clamps the last group
+    (recompute.py:157-166 @ d98e8a6), so any N up to the chunk works there."""
+    from mbridge_recompute import labels
+
     chunks = chunk_layer_counts(w)
     g = 0
     for c in chunks:
         g = math.gcd(g, c)
-    uniform = [RecomputeSetting.full("uniform", n) for n in range(1, g + 1) if g % n == 0]
+    if labels.resolve_version(version or labels.target_version()) == "0.16.1":
+        uniform = [RecomputeSetting.full("uniform", n) for n in range(1, g + 1) if g % n == 0]
+    else:
+        uniform = [RecomputeSetting.full("uniform", n) for n in range(1, max(chunks) + 1)]
     block = [RecomputeSetting.full("block", n) for n in range(1, max(chunks) + 1)]
     return uniform + block
 
@@ -307,7 +315,7 @@ def plan(w, budget_gb: Optional[float] = None, measured_peak_gb: Optional[float]
 
     control_cand = evaluate(w, control, check, baseline_errors)
     labels, dropped = useful_labels(effects, control_cand.model_peak_bytes)
-    settings = [RecomputeSetting.off()] + selective_settings(labels)[1:] + full_settings(w)
+    settings = [RecomputeSetting.off()] + selective_settings(labels)[1:] + full_settings(w, version)
     cands = [control_cand] + [evaluate(w, s, check, baseline_errors) for s in settings]
 
     calibration = None
@@ -336,7 +344,8 @@ def plan(w, budget_gb: Optional[float] = None, measured_peak_gb: Optional[float]
                        "cost = modelled replayed forward work as % of the step, not a measured time")
     assumptions.append(f"searched {len(cands)} candidates: off, the [] control, selective subsets of "
                        f"{', '.join(labels) or 'no label'} (moe not combined with the labels it contains), "
-                       f"full uniform N dividing every model chunk {sorted(set(chunk_layer_counts(w)))} "
+                       f"full uniform N (0.16.1: dividing every model chunk) for chunks of "
+                       f"{sorted(set(chunk_layer_counts(w)))} layers "
                        f"and block 1..{max(chunk_layer_counts(w))}; each checked with the built-in rules")
     assumptions += [f"label {d}" for d in dropped]
     if baseline_errors:

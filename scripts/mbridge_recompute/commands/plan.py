@@ -14,7 +14,8 @@ EPILOG = """examples:
   plan.py examples/moonlight_16b.yaml --budget-gb 36.1 --json
   plan.py --model deepseek-v3 --set model.virtual_pipeline_model_parallel_size=2
   plan.py WORKLOAD.yaml --measured-peak-gb 66.3  # anchor to the measured [] control peak
-  plan.py WORKLOAD.yaml --json > plan.json && run_harness.py --from-plan plan.json ...
+  plan.py WORKLOAD.yaml --top 3 --json > plan.json && run_harness.py --from-plan plan.json ...
+                                                 # the sweep: [] control, 3 frontier points, the recommendation
 
 exit codes: 0 a fitting setting exists, 1 nothing fits the budget, 2 unusable input."""
 
@@ -116,10 +117,19 @@ def render_text(r: dict, top: int = 15) -> str:
     out += [f"frontier (peak vs replay cost; {dominated} dominated and {len(rejected)} rejected "
             f"candidates not shown{f', {more} more points' if more > 0 else ''})",
             table(["candidate", "peak GB", "cost %", "fits", "peak term"], rows, "lrrll")]
-    for c in rejected[:5]:
-        out.append(f"  rejected {c['name']}: {', '.join(c['rejected_by'])}")
+    groups: dict = {}
+    for c in rejected:
+        groups.setdefault(", ".join(c["rejected_by"]), []).append(c["name"])
+    for why, names in groups.items():
+        shown_names = " ".join(names[:4]) + (f" and {len(names) - 4} more" if len(names) > 4 else "")
+        out.append(f"  rejected by {why}: {shown_names}")
     out.append("")
 
+    cur = r["current"]
+    out.append(f"current setting {cur['describe']}: predicted peak {_gb(cur['peak_bytes'])} GB, "
+               f"replay cost {cur['cost_pct']:.2f} %, "
+               + ("fits" if cur["fits"] else "does not fit" if cur["allowed"] else
+                  "rejected: " + ", ".join(cur["rejected_by"])))
     rec = r["recommendation"]
     if rec is None:
         out.append("recommendation: none (every candidate is rejected by the checker)")
