@@ -213,6 +213,10 @@ VARIATION_CASES: list = [
     ("v EP overlap + cg TE attn", {**EPO, **MOE, **cg("transformer_engine", ["attn"]), **sel()}, None),
     ("v EP overlap + num_layers only", {**EPO, **MOE, "recompute_num_layers": 2}, None),
     ("v delay_wgrad + EP overlap", {**EPO, **MOE, "delay_wgrad_compute": True}, None),
+    # offloading
+    ("v fine-grained bogus label", {**FG, "offload_modules": ["core_attn", "bogus"]}, None),
+    ("v fine-grained qkv_linear + sel layernorm", {**FG, "offload_modules": ["qkv_linear"],
+                                                   **sel("layernorm")}, None),
     ("v shared overlap allgather", {**MOE, **SHARED, "moe_shared_expert_overlap": True}, None),
 ]
 
