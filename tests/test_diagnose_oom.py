@@ -137,3 +137,13 @@ def test_no_input_or_missing_file_is_exit_2(tmp_path):
     assert proc.returncode == 2 and proc.stderr.startswith("error: LOG:")
     proc = run_script("diagnose", tmp_path / "nope.log", "--json")
     assert proc.returncode == 2 and proc.stdout == "" and "no such file" in proc.stderr
+
+
+def test_guide_examples_are_diagnosed_as_their_names_say():
+    from conftest import EXAMPLES
+
+    expected = {"fragmentation": "fragmentation", "optimizer_state_init": "static", "backward": "activations"}
+    for name, kind in expected.items():
+        proc = run_script("diagnose", EXAMPLES / "logs" / "oom" / f"{name}.log", "--json")
+        assert proc.returncode == 0, proc.stderr
+        assert json.loads(proc.stdout)["findings"][0]["kind"] == kind, name
