@@ -166,3 +166,29 @@ def test_default_labels_snippet_means_core_attn(mcore):
     keys = exec_python_snippet(snippets.render(R(granularity="selective"), "python"))
     assert keys["recompute_modules"] is None
     assert build(mcore, DENSE, keys).recompute_modules == ["core_attn"]
+
+
+@pytest.mark.parametrize("setting,model_kw", MATRIX, ids=IDS)
+def test_no_workload_baseline_accepts_the_setting_in_the_installed_megatron_core(mcore, setting,
+                                                                                 model_kw):
+    """With no workload, `config` checks against a baseline built for the setting; the
+    installed megatron-core (live validator) must accept that baseline as written, so a
+    refusal there can only come from the setting itself."""
+    from mbridge_recompute.commands.config import baseline_workload
+    from mbridge_recompute.rules import check_workload
+
+    w = baseline_workload(setting).replace(**snippets.written_fields(setting))
+    live = check_workload(w, validator="live", version="0.16.1")
+    assert live["validator"] == "live"
+    assert [f["id"] for f in live["findings"] if f["severity"] == "error"] == []
+
+
+def test_the_baseline_check_would_catch_a_model_where_the_label_is_illegal(mcore):
+    """The test above can fail: the same check rejects moe_act once grouped GEMM is off."""
+    from mbridge_recompute.commands.config import baseline_workload
+    from mbridge_recompute.rules import check_workload
+
+    setting = R.selective("moe_act")
+    w = baseline_workload(setting).replace(moe_grouped_gemm=False, **snippets.written_fields(setting))
+    live = check_workload(w, validator="live", version="0.16.1")
+    assert "moe-act-needs-grouped-gemm" in [f["id"] for f in live["findings"] if f["severity"] == "error"]
