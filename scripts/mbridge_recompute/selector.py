@@ -371,6 +371,20 @@ def plan(w, budget_gb: Optional[float] = None, measured_peak_gb: Optional[float]
         recommendation["snippets"] = render_all(rec.setting)
         recommendation["caveat"] = CAVEAT
 
+    hottest_now = _hottest(current)
+    if fits:
+        diagnosis = None
+    elif max(r.static_bytes for r in current.ranks) > budget:
+        worst = max(current.ranks, key=lambda r: r.static_bytes)
+        diagnosis = (f"static memory alone (weights, gradients, optimizer state, residual) is "
+                     f"{worst.static_bytes / GB:.2f} GB on pp_rank {worst.pp_rank}, over the "
+                     f"{budget / GB:.2f} GB budget: no recompute setting can fit; shard more (TP, PP, EP, "
+                     f"the distributed optimizer over more data-parallel ranks) or use more GPUs")
+    else:
+        diagnosis = (f"even the lowest-peak candidate ({rec.name if rec else 'none'}) is predicted over the "
+                     f"budget; recompute alone is not enough: shorten the sequence, lower the micro-batch, "
+                     f"or shard activations further (TP with SP, CP, PP)")
+
     return {
         "workload": {"num_layers": w.num_layers, "hidden_size": w.hidden_size,
                      "tp": w.tensor_model_parallel_size, "pp": w.pipeline_model_parallel_size,
@@ -380,13 +394,14 @@ def plan(w, budget_gb: Optional[float] = None, measured_peak_gb: Optional[float]
                      "gpu_memory_gb": w.gpu_memory_gb, "recompute": current_setting.describe()},
         "budget_bytes": budget,
         "ranks": [r.as_dict() for r in current.ranks],
-        "hottest_pp_rank": _hottest(current).pp_rank,
+        "hottest_pp_rank": hottest_now.pp_rank,
         "labels": [e.as_dict() for e in effects],
         "current": current_cand.as_dict(),
         "frontier": [c.as_dict() for c in frontier],
         "candidates": [c.as_dict() for c in cands],
         "recommendation": recommendation,
         "fits": fits,
+        "diagnosis": diagnosis,
         "harness_candidates": harness_candidates(rec, frontier),
         "calibration": calibration.as_dict() if calibration else None,
         "workload_findings": [f for f in baseline["findings"] if f["severity"] == "error"],

@@ -145,6 +145,8 @@ def render_text(r: dict, top: int = 15) -> str:
             out += ["", "Hydra overrides: " + " ".join(snip["overrides"])]
         out += ["", "matched sweep candidates: " + " ".join(r["harness_candidates"]),
                 "  " + rec["caveat"]]
+    if r.get("diagnosis"):
+        out += ["", "nothing fits: " + r["diagnosis"]]
     if r.get("workload_findings"):
         out += ["", "errors under every setting (fix the workload first):"]
         out += [f"  {f['id']}: {f['message']}" for f in r["workload_findings"]]
