@@ -147,3 +147,20 @@ def test_plan_never_imports_torch():
     p = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=60)
     assert p.returncode in (0, 1), p.stderr
     assert "HEAVY=[]" in p.stderr, p.stderr
+
+
+def test_compare_output_of_the_moonlight_sweep_calibrates_the_plan(run_tool, tmp_path):
+    """compare_runs.py --json on the example sweep logs feeds plan --measured unchanged."""
+    sweep = EXAMPLES / "logs" / "moonlight16b"
+    p = run_tool("compare", *[sweep / n / "log.txt" for n in ("empty", "moe_act")], "--json")
+    assert p.returncode in (0, 1), p.stderr
+    cmp_file = tmp_path / "compare.json"
+    cmp_file.write_text(p.stdout)
+    measured_control = next(r for r in json.loads(p.stdout)["runs"] if r["control"])["peak_allocated_gb"]
+    p = run_tool("plan", MOONLIGHT, "--measured", str(cmp_file), "--json")
+    assert p.returncode in (0, 1), p.stderr
+    r = json.loads(p.stdout)
+    assert r["calibration"]["measured_peak_bytes"] == int(measured_control * 1e9)
+    cands = {c["name"]: c for c in r["candidates"]}
+    delta = cands["moe_act"]["model_peak_bytes"] - cands["[]"]["model_peak_bytes"]
+    assert cands["moe_act"]["peak_bytes"] == int(measured_control * 1e9) + delta

@@ -281,7 +281,9 @@ def measured_peak_from_compare(path: str) -> float:
         raise InputError("--measured", f"{path}: expected the JSON object of `compare --json` "
                                        "(keys control, runs)")
     control = data.get("control")
-    run = next((r for r in data["runs"] if isinstance(r, dict) and r.get("name") == control), None)
+    runs = [r for r in data["runs"] if isinstance(r, dict)]
+    run = next((r for r in runs if r.get("name") == control), None) or \
+        next((r for r in runs if r.get("control") is True), None)
     if run is None:
         raise InputError("--measured", f"{path}: no run named after the control {control!r}")
     peak = run.get("peak_allocated_gb")
