@@ -175,6 +175,11 @@ def assumptions(w, sh: Shape, knobs: Knobs) -> list:
         f"replayed memory-bound kernel = {knobs.memory_bound_flops_per_byte:g} FLOPs.",
         "Interleaved schedule: microbatch_group_size_per_vp_stage defaults to PP; every distinct "
         "in-flight vector of the MCore order is evaluated.",
+        "Not modelled: allocator fragmentation, CUDA-graph private pools, CPU / fine-grained "
+        "activation offloading, context-parallel KV exchange buffers, MoE dispatcher workspaces "
+        "beyond one receive buffer, optimizer-step temporaries (inside the residual).",
+        "Local-spec fused softmax eligibility follows fused_softmax.py:238-270 @ core_v0.16.1 "
+        "except its batch-per-block divisibility check.",
     ]
     if not w.te_version:
         out.append("Transformer Engine is assumed >= 2.7, so set_save_original_input applies "
