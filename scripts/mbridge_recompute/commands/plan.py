@@ -180,7 +180,12 @@ def _plot(r: dict, path: Path) -> str:
     ax.scatter([c["cost_pct"] for c in dom], [c["peak_bytes"] / GB for c in dom], s=12, c="0.7",
                label="dominated")
     ax.plot([c["cost_pct"] for c in front], [c["peak_bytes"] / GB for c in front], "o-", label="frontier")
+    seen = set()
     for c in front[:12]:
+        spot = (round(c["cost_pct"], 2), round(c["peak_bytes"] / GB, 2))
+        if spot in seen:                 # e.g. "none" and "[]": one point, one label
+            continue
+        seen.add(spot)
         ax.annotate(c["name"], (c["cost_pct"], c["peak_bytes"] / GB), fontsize=7,
                     xytext=(4, 3), textcoords="offset points")
     ax.axhline(r["budget_bytes"] / GB, color="r", ls="--", lw=1, label="budget")
@@ -189,7 +194,8 @@ def _plot(r: dict, path: Path) -> str:
         ax.scatter([rec["cost_pct"]], [rec["peak_bytes"] / GB], s=90, facecolors="none", edgecolors="g",
                    label=f"recommended: {rec['name']}")
     ax.set_xlabel("modelled replay cost (% of step)")
-    ax.set_ylabel("predicted peak on the hottest rank (GB)")
+    ax.set_ylabel("predicted peak on the hottest rank (GB)"
+                  + (", calibrated" if r.get("calibration") else ""))
     ax.legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
