@@ -158,3 +158,9 @@ def test_uniform_counts_need_not_divide_the_chunk_on_main():
     assert on_main == list(range(1, 28))
     on_0161 = [s.num_layers for s in selector.full_settings(m, "0.16.1") if s.method == "uniform"]
     assert on_0161 == [1, 3, 9, 27]
+
+
+def test_plan_for_main_searches_non_divisor_uniform_counts(moonlight):
+    r = selector.plan(moonlight, version="main")
+    uniform = {c["recompute_num_layers"] for c in r["candidates"] if c["recompute_method"] == "uniform"}
+    assert uniform == set(range(1, 28))
