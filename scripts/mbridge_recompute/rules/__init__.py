@@ -42,7 +42,11 @@ def check_workload(w, validator: str = "builtin", version: Optional[str] = None,
     if validator == "auto":
         from mbridge_recompute.rules.live import mcore_available
 
-        validator = "live" if mcore_available() else "builtin"
+        installed = labels.installed_mcore_version()
+        same = version is None or (installed is not None
+                                   and labels.resolve_version(version) == labels.resolve_version(installed))
+        # live answers only for the installed version; another target version gets the table
+        validator = "live" if mcore_available() and same else "builtin"
     if validator == "live":
         from mbridge_recompute.rules import live
 
