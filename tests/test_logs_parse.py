@@ -108,7 +108,8 @@ def test_interleaved_prefixed_ranks_parse_like_the_plain_log():
 
 
 def test_prefix_is_split_and_rank_kept():
-    assert logs.split_prefix("[default3]:[rank3]: ValueError: x")[1:] == (3, " ValueError: x")
+    assert logs.split_prefix("[default3]:[rank3]: ValueError: x")[1:] == (3, "ValueError: x")
+    assert logs.split_prefix("[default3]:  File \"a.py\", line 1, in f")[2] == '  File "a.py", line 1, in f'
     assert logs.split_prefix("12: [Rank 12] (after 1 iterations)")[1] == 12
     assert logs.split_prefix("[1,5]<stdout>:hello")[1:] == (5, "hello")
     assert logs.split_prefix(" [2026-08-12 10:11:12] iteration 1/ 2 |")[0] == ""
@@ -210,6 +211,16 @@ def test_tracebacks_of_interleaved_ranks_do_not_mix():
     run = logs.parse_lines([lf.iteration_line(1, 20, 4000.0)] + lines)
     stages = {o.gpu: o.stage for o in run.ooms}
     assert stages == {0: "forward", 1: "backward"}
+
+
+def test_pytorch_rank_prefixed_traceback_is_read():
+    # torch.distributed.run prints each rank's traceback as `[rankN]: <line>`
+    msg = lf.oom_message(2**30, 80 * 2**30, 2**28, 70 * 2**30, 2**28)
+    lines = [f"[rank5]: {ln}" for ln in lf.traceback(lf.BACKWARD, msg)]
+    lines += [f"[rank5]: {ln}" for ln in lf.traceback(lf.FORWARD[:2], "ValueError: boom")]
+    run = logs.parse_lines([lf.iteration_line(1, 20, 4000.0)] + lines)
+    assert run.ooms[0].stage == "backward" and run.ooms[0].rank == 5
+    assert run.errors[-1].exc_type == "ValueError" and run.errors[-1].frames
 
 
 def test_completion_marker_sets_completed():

@@ -53,7 +53,8 @@ MIB = 2**20
 GIB = 2**30
 
 # --- line prefixes added by launchers (torchrun --tee, PyTorch, srun --label, mpirun)
-_PREFIX = re.compile(r"^(?:\s*(?:\[default\d+\]:|\[rank\d+\]:|\[1,\d+\]<std(?:out|err)>:|\d{1,5}: ))+")
+# (PyTorch's `[rankN]: ` carries one space of its own; torchrun's `[defaultN]:` none)
+_PREFIX = re.compile(r"^(?:\s*(?:\[default\d+\]:|\[rank\d+\]: ?|\[1,\d+\]<std(?:out|err)>:|\d{1,5}: ))+")
 _PREFIX_RANK = re.compile(r"\[(?:default|rank)(\d+)\]|\[1,(\d+)\]|^\s*(\d{1,5}): ")
 
 # --- Bridge iteration line: train_utils.py:1088-1140 (MLM: training.py:3567-3653)
@@ -234,7 +235,9 @@ class Run:
     exit_iteration: Optional[int] = None
     manifest: Optional[dict] = None
     setting: Optional[str] = None
-    lines: list = field(default_factory=list)   # every line, prefixes stripped (for diagnose)
+    # every line, prefixes stripped, for diagnose; iteration / Step Time / memory lines are
+    # blanked (kept as "" so numbering holds) since no error text lives in them
+    lines: list = field(default_factory=list)
     replaced_bytes: int = 0
     truncated: bool = False          # last line had no newline
 
@@ -342,6 +345,8 @@ def _finite(x: Optional[float]) -> Optional[float]:
 
 def split_prefix(raw: str) -> tuple:
     """(stream, rank, text): the launcher prefix, its rank number, the line without it."""
+    if not raw or raw[0] not in "[ \t0123456789":
+        return "", None, raw
     m = _PREFIX.match(raw)
     if not m:
         return "", None, raw
@@ -501,14 +506,17 @@ def parse_text(text: str, name: str = "log", path: str = "") -> Run:
         it = parse_iteration(line, no)
         if it is not None:
             run.iterations.append(it)
+            run.lines[-1] = ""
             last_logged = max(last_logged, it.iteration)
             continue
         if (m := STEP.search(line)):
             run.step_times.append(StepTime(_num(m.group(1)), _num(m.group(2)), no))
+            run.lines[-1] = ""
             continue
         mem = parse_memory(line, no)
         if mem is not None:
             run.memory.append(mem)
+            run.lines[-1] = ""
             run.format = mem.source if run.format == "unknown" else run.format
             last_logged = max(last_logged, mem.after)
             continue

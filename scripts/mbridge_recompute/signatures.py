@@ -226,12 +226,23 @@ def all_signatures() -> tuple:
     return cards + own
 
 
+_INDEX: dict = {}
+
+
+def _line_pairs(sigs: tuple) -> list:
+    """[(anchor, signature)] of the line signatures, in order (cached per signature tuple)."""
+    hit = _INDEX.get(id(sigs))
+    if hit is not None and hit[0] is sigs:
+        return hit[1]
+    pairs = [(s.anchor, s) for s in sigs if not (s.exc_type or s.frames)]
+    _INDEX[id(sigs)] = (sigs, pairs)
+    return pairs
+
+
 def match_line(line: str, sigs: tuple) -> Optional[Signature]:
-    for s in sigs:
-        if s.exc_type or s.frames:
-            continue
-        if s.anchor and s.anchor not in line:
-            continue
+    """The first line signature (in `sigs` order) whose message is in `line`, or None."""
+    # the anchor test is a plain substring check: most lines fail it for every signature
+    for s in [s for a, s in _line_pairs(sigs) if a in line]:
         if s.regex.search(line):
             return s
     return None
