@@ -18,7 +18,7 @@ pytest exits 0 (Bridge's conftest maps exit 5 to 0)."""
 EPILOG = """\
 suites:
   megatron-bridge  core (default, CPU), precedence (needs the DeepSeek-V3 HF config), gpu (TE)
-  megatron-lm      core (default, GPU), moe (GPU; some cases need 8)
+  megatron-lm      core (default; GPU + TE), mla (GPU + TE), moe (1 GPU), moe-layer (8 GPUs)
   mbridge-recompute all (this package's tests/)
 
 examples:
