@@ -138,3 +138,13 @@ def test_peak_is_static_plus_activations_plus_transient():
         assert r.activation_bytes == pytest.approx(sum(r.activations.values()), abs=len(r.activations))
         assert r.transient_bytes == max(r.transients.values())
         assert r.peak_term in r.transients
+
+
+def test_optimizer_bytes_per_param_knob_replaces_adam_fp32_states():
+    """A precision-aware optimizer with bf16 moments keeps 4 + 2 + 2 = 8 bytes per parameter."""
+    w = llama70b(tensor_model_parallel_size=8, pipeline_model_parallel_size=8, num_gpus=64)
+    adam = estimate(w).ranks[1].static["optimizer"]
+    bf16_moments = estimate(w, Knobs(optimizer_bytes_per_param=8)).ranks[1].static["optimizer"]
+    assert bf16_moments * 12 == pytest.approx(adam * 8, abs=12)
+    assert any("8 bytes per parameter" in a
+               for a in estimate(w, Knobs(optimizer_bytes_per_param=8)).assumptions)

@@ -344,3 +344,31 @@ def test_hybrid_pattern_mixes_block_types():
     both = nbytes(w, "attn+mlp")
     assert both == attn + nbytes(w, "mlp")
     assert nbytes(w, "mamba") > 0
+
+
+def test_mamba_memory_efficient_path_recomputes_conv_and_scan():
+    """use_mamba_mem_eff_path (default) keeps the in_proj output and recomputes the conv1d
+    output [T, d_inner + 2*ngroups*d_state] and the fp32 chunk states; turning it off keeps them."""
+    w = moe_model(hybrid_override_pattern="M*-E", num_layers=4,
+                  extra_model={"mamba_num_heads": 64, "mamba_head_dim": 64,
+                               "mamba_state_dim": 128, "mamba_num_groups": 8})
+    off = w.replace(extra_model={**w.extra_model, "use_mamba_mem_eff_path": False})
+    di, gs = 64 * 64 / 2, 2 * 8 * 128 / 2                 # per TP rank (t = 2)
+    extra = 2 * (di + gs) * MT + 4 * di * 128 / 256 * MT
+    assert nbytes(off, "mamba") - nbytes(w, "mamba") == extra
+
+
+def test_te_fused_cross_entropy_keeps_16_bit_logits_instead_of_fp32_softmax():
+    """cross_entropy_loss_fusion with impl 'te': the gradient is written into the bf16
+    logits (2 V/t T) instead of keeping the fp32 softmax (4 V/t T), and there is no logits
+    transient."""
+    from mbridge_recompute.memory import estimate
+    w = gqa(tensor_model_parallel_size=1, sequence_parallel=False)
+    fused = w.replace(extra_model={**w.extra_model, "cross_entropy_loss_fusion": True,
+                                   "cross_entropy_fusion_impl": "te"})
+    native = w.replace(extra_model={**w.extra_model, "cross_entropy_loss_fusion": True})
+    diff = estimate(w).ranks[0].activations["logits"] - estimate(fused).ranks[0].activations["logits"]
+    assert diff == (4 - 2) * 32000 * S
+    assert estimate(native).ranks[0].activations["logits"] == estimate(w).ranks[0].activations["logits"]
+    assert "logits+cross-entropy (fp32) on the last stage" not in estimate(fused).ranks[0].transients
+    assert estimate(w).ranks[0].transients["logits+cross-entropy (fp32) on the last stage"] == 2 * 32000 * S

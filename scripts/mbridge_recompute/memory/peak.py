@@ -11,8 +11,8 @@ coincide with it:
 - the recompute replay working set (full uniform: a whole group of n layers at once;
   full block: one layer; selective: the re-materialised tensors of one layer) on top
   of those gradient buffers;
-- on the last stage, the logits and cross-entropy: 16-bit logits plus an fp32
-  temporary [T, V/t] on top of the saved fp32 softmax.
+- on the last stage, the logits and cross-entropy: the 16-bit logits [T, V/t] alive next
+  to the saved fp32 softmax (forward) and the 16-bit gradient cast (backward).
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ from mbridge_recompute.memory.shape import Shape, shape_of
 from mbridge_recompute.memory.static import rank_params, static_bytes
 from mbridge_recompute.memory.tensors import (checkpoint_bytes, embedding_tensors, largest_tensor,
                                               layer_bytes, layer_components, layer_tensors,
-                                              output_tensors)
+                                              logits_transient, output_tensors)
 from mbridge_recompute.memory.types import DEFAULT_KNOBS, Knobs, MemoryEstimate, RankMemory
 
 NONE = frozenset()
@@ -159,16 +159,19 @@ def assumptions(w, sh: Shape, knobs: Knobs) -> list:
     out = [
         f"Residual of {gib:.2f} GiB per GPU for the CUDA context, NCCL and Transformer Engine "
         "workspaces and allocator slack (not fragmentation).",
-        "Adam with fp32 master weights and two fp32 moments (12 bytes per parameter with 16-bit "
-        "weights), sharded by the distributed optimizer over DP x CP (routed experts over "
+        ("Adam with fp32 master weights and two fp32 moments (12 bytes per parameter with 16-bit "
+         "weights)" if knobs.optimizer_bytes_per_param is None else
+         f"Optimizer state of {knobs.optimizer_bytes_per_param:g} bytes per parameter") +
+        ", sharded by the distributed optimizer over DP x CP (routed experts over "
         "DP x TP x CP / (EP x ETP)); gradient buffers are not sharded.",
         f"Activations are {sh.elt}-byte elements; norm statistics, softmax LSE, router scores "
         "and permuted probs are fp32.",
         f"The vocabulary is padded to a multiple of 128 x TP ({sh.vocab}); the last stage keeps "
-        "the fp32 cross-entropy softmax [T, V/t] per in-flight micro-batch.",
+        + ("the 16-bit logits holding the TE fused cross-entropy gradient" if sh.te_cross_entropy
+           else "the fp32 cross-entropy softmax") + " [T, V/t] per in-flight micro-batch.",
         "Transients on top of saved activations: one layer's forward working set, one layer's "
-        "gradient buffers, the recompute replay working set, and on the last stage 16-bit logits "
-        "plus one fp32 temporary; the largest of them sets the peak.",
+        "gradient buffers, the recompute replay working set, and on the last stage the 16-bit "
+        "logits next to the saved fp32 softmax; the largest of them sets the peak.",
         "Replay cost counts 2 FLOPs per weight per token, causal attention at "
         f"{knobs.attention_flops_factor} of the full score FLOPs, the step as 3x the forward; "
         f"one replayed communication byte = {knobs.comm_flops_per_byte:g} FLOPs and one byte of a "
@@ -247,15 +250,16 @@ def estimate(w, knobs: Knobs = DEFAULT_KNOBS) -> MemoryEstimate:
         if rep.replay_ws:
             trans[_replay_term(rep.replay_layers, mode.granularity == "full")] = \
                 rep.replay_ws + rep.bwd_ws
-        if r == p - 1 and sh.vocab:
-            trans[TERM_LOGITS] = (sh.elt + 4) * sh.vocab_ * sh.T
+        if r == p - 1 and sh.vocab and logits_transient(sh):
+            trans[TERM_LOGITS] = logits_transient(sh)
         term, transient = max(trans.items(), key=lambda kv: kv[1])
         kinds = [k for ch in layout[r] for k in ch]
         params = rank_params(sh, kinds, r == 0, r == p - 1, tied, p)
         static = static_bytes(sh, params, dp=w.data_parallel_size,
                               distributed=bool(w.use_distributed_optimizer),
                               grad_fp32=bool(w.grad_reduce_in_fp32), fp8_param=bool(w.fp8_param),
-                              residual=knobs.residual_bytes)
+                              residual=knobs.residual_bytes,
+                              optimizer_bytes=knobs.optimizer_bytes_per_param)
         static_total = sum(static.values())
         static_total_of[r] = static_total
         activation_i = round(activation)

@@ -83,6 +83,8 @@ class Shape:
     vocab: int             # padded vocabulary
     learned_pos: bool
     deallocate_outputs: bool
+    te_cross_entropy: bool      # cross_entropy_loss_fusion with cross_entropy_fusion_impl="te"
+    mamba_mem_eff: bool         # use_mamba_mem_eff_path (MCore default True)
 
     # --- derived per-rank quantities -------------------------------------------
     @property
@@ -205,4 +207,7 @@ def shape_of(w, knobs) -> Shape:
         fused_single_qkv_rope=bool(w.fused_single_qkv_rope),
         vocab=vocab_padded, learned_pos=w.position_embedding_type == "learned_absolute",
         deallocate_outputs=bool(_extra(w, "deallocate_pipeline_outputs", False)),
+        te_cross_entropy=bool(_extra(w, "cross_entropy_loss_fusion", False))
+        and _extra(w, "cross_entropy_fusion_impl", "native") == "te",
+        mamba_mem_eff=bool(_extra(w, "use_mamba_mem_eff_path", True)),
     )

@@ -165,7 +165,8 @@ def rank_params(sh: Shape, kinds: list, first_stage: bool, last_stage: bool,
 
 
 def static_bytes(sh: Shape, params: RankParams, *, dp: int, distributed: bool,
-                 grad_fp32: bool, fp8_param: bool, residual: int) -> dict:
+                 grad_fp32: bool, fp8_param: bool, residual: int,
+                 optimizer_bytes: float | None = None) -> dict:
     """Static memory of one rank by term (bytes)."""
     half = sh.elt == 2
     w_bytes = sh.elt
@@ -174,6 +175,8 @@ def static_bytes(sh: Shape, params: RankParams, *, dp: int, distributed: bool,
         weights -= params.linear * (w_bytes - 1)
     grads = params.total * (4 if (grad_fp32 or not half) else 2)
     per_param_opt = 12 if half else 8          # fp32 master copy only when weights are 16-bit
+    if optimizer_bytes is not None:
+        per_param_opt = optimizer_bytes
     dense_shard = dp * sh.c if distributed else 1
     expert_shard = max(1, dp * sh.t * sh.c // (sh.ep * sh.etp)) if distributed else 1
     optimizer = per_param_opt * (params.dense / dense_shard + params.expert / expert_shard)

@@ -258,18 +258,25 @@ def _moe(sh: Shape, mods: frozenset) -> list:
 # --- hybrid mixers (coarse) ------------------------------------------------------
 
 def _mamba(sh: Shape, mods: frozenset) -> list:
-    """Mamba-2 mixer, coarse: GEMM inputs/outputs, conv output, scan output, chunk states."""
+    """Mamba-2 mixer, coarse. The memory-efficient path (use_mamba_mem_eff_path, the default)
+    runs mamba_split_conv1d_scan_combined on a contiguous copy of the in_proj output, which it
+    keeps, and recomputes conv1d and the scan in backward (mamba_mixer.py:630-680 @
+    core_v0.16.1); the separate norm keeps the scan output and out_proj keeps the norm output.
+    Without it, the conv output and fp32 chunk states are kept too."""
     e, h, T, Tr, q, t = sh.elt, sh.h, sh.T, sh.Tr, sh.q_bytes, sh.t
     di = sh.mamba_heads * sh.mamba_head_dim / t
     gs = 2 * sh.mamba_groups * sh.mamba_state / t
     out = [Saved("mixer-norm input (residual)", "norms", e * h * Tr),
            Saved("mixer-norm statistics (fp32)", "norms", sh.stats * Tr),
            Saved("in_proj input (norm output)", "mamba", q * h * Tr),
-           Saved("in_proj output (z, xBC, dt)", "mamba", e * (2 * di + gs + sh.mamba_heads / t) * T),
-           Saved("conv1d output xBC", "mamba", e * (di + gs) * T),
-           Saved("SSD chunk states (fp32, chunk 256)", "mamba", 4 * di * sh.mamba_state / 256 * T),
-           Saved("scan output y (gated-norm input)", "mamba", e * di * T),
-           Saved("gated-norm output (out_proj input)", "mamba", q * di * T)]
+           Saved("in_proj output (z, xBC, dt)", "mamba", e * (2 * di + gs + sh.mamba_heads / t) * T)]
+    if not sh.mamba_mem_eff:
+        out += [Saved("conv1d output xBC", "mamba", e * (di + gs) * T),
+                Saved("SSD chunk states (fp32, chunk 256)", "mamba",
+                      4 * di * sh.mamba_state / 256 * T)]
+    out += [Saved("scan output y (norm input)", "mamba", e * di * T),
+            Saved("mixer out-norm statistics (fp32)", "mamba", sh.stats * T),
+            Saved("out-norm output (out_proj input)", "mamba", q * di * T)]
     if sh.hidden_dropout:
         out.append(Saved("BDA dropout mask", "mamba", 1 * h * Tr))
     return out
@@ -350,12 +357,29 @@ def embedding_tensors(sh: Shape) -> tuple:
 
 @lru_cache(maxsize=256)
 def output_tensors(sh: Shape) -> tuple:
-    """Last stage: final norm, output-layer input and the fp32 softmax cross-entropy keeps."""
+    """Last stage: final norm, output-layer input and what cross-entropy keeps.
+
+    vocab_parallel_cross_entropy (and the native fused one) casts the logits to fp32 and
+    keeps the softmax, computed in place, for backward (tensor_parallel/cross_entropy.py:
+    28-65 @ core_v0.16.1). TE's parallel cross-entropy writes the gradient into the 16-bit
+    logits instead, which it keeps.
+    """
     e, h, Tr = sh.elt, sh.h, sh.Tr
+    if sh.te_cross_entropy:
+        ce = Saved("cross-entropy gradient in the logits [T, V/t] (TE fused)", "logits",
+                   e * sh.vocab_ * sh.T)
+    else:
+        ce = Saved("cross-entropy fp32 softmax [T, V/t]", "logits", 4 * sh.vocab_ * sh.T)
     return (Saved("final-norm input", "logits", e * h * Tr),
             Saved("final-norm statistics (fp32)", "logits", sh.stats * Tr),
             Saved("output-layer input (final-norm output)", "logits", e * h * Tr),
-            Saved("cross-entropy fp32 softmax [T, V/t]", "logits", 4 * sh.vocab_ * sh.T))
+            ce)
+
+
+def logits_transient(sh: Shape) -> float:
+    """On top of the saved softmax: the 16-bit logits during the forward cast (and the
+    16-bit gradient cast in backward). TE's fused cross-entropy works in place."""
+    return 0.0 if sh.te_cross_entropy else sh.elt * sh.vocab_ * sh.T
 
 
 def checkpoint_bytes(sh: Shape, distribute: bool) -> float:

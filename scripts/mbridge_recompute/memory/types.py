@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Optional
 
 
 @dataclass(frozen=True)
@@ -23,6 +24,10 @@ class Knobs:
     comm_flops_per_byte: float = 2000.0
     # one byte moved by a memory-bound (elementwise) replayed kernel costs this many FLOPs
     memory_bound_flops_per_byte: float = 150.0
+    # optimizer bytes per parameter before distributed-optimizer sharding; None = Adam with
+    # an fp32 master copy and two fp32 moments (12 with 16-bit weights, 8 with fp32 weights).
+    # A precision-aware optimizer with bf16 moments is 8.
+    optimizer_bytes_per_param: Optional[float] = None
 
 
 DEFAULT_KNOBS = Knobs()
