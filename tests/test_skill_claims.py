@@ -1,0 +1,376 @@
+"""One test per checkable claim of SKILL.md, named after the claim.
+
+Claims about megatron-core are tested against the installed megatron-core 0.16.1
+(real `TransformerConfig`, real checkpoint utilities); claims about what the tools
+say are tested by running the tools as an agent would. Bridge itself cannot be
+imported here (it needs Transformer Engine), so claims about Bridge's harness are
+tested through what this package emits for it.
+"""
+
+from __future__ import annotations
+
+import ast
+import json
+import re
+import shutil
+import subprocess
+import sys
+import textwrap
+import warnings
+from pathlib import Path
+
+import pytest
+
+from conftest import EXAMPLES, ROOT, run_script
+from test_card import label_table, modules_of
+
+SKILL_TEXT = (ROOT / "SKILL.md").read_text()
+BASE = dict(num_layers=8, hidden_size=64, num_attention_heads=4)
+
+
+@pytest.fixture(scope="module")
+def TransformerConfig():
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        from megatron.core.transformer.transformer_config import TransformerConfig as TC
+    return TC
+
+
+def make(TC, **kw):
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return TC(**{**BASE, **kw})
+
+
+def raised(TC, **kw) -> str:
+    """The message of the exception TransformerConfig raises for these fields."""
+    with pytest.raises((AssertionError, ValueError)) as info:
+        make(TC, **kw)
+    return str(info.value)
+
+
+def check(*sets: str, validator: str = "builtin") -> tuple[int, dict]:
+    args = ["--validator", validator, "--json"]
+    for s in sets:
+        args += ["--set", s]
+    r = run_script("check", *args)
+    assert r.returncode in (0, 1), r.stderr
+    return r.returncode, json.loads(r.stdout)
+
+
+def ids(report: dict, severity: str | None = None) -> set:
+    return {f["id"] for f in report["findings"] if severity in (None, f["severity"])}
+
+
+def harness_tokens(*config_args: str) -> list:
+    r = run_script("config", *config_args, "--format", "harness", "--json")
+    assert r.returncode == 0, r.stderr
+    return json.loads(r.stdout)["formats"]["harness"]
+
+
+# ---------------------------------------------------------------- labels and defaults
+
+def test_claim_empty_list_is_a_valid_selective_control(TransformerConfig):
+    cfg = make(TransformerConfig, recompute_granularity="selective", recompute_modules=[])
+    assert cfg.recompute_modules == []
+    code, report = check("model.recompute_granularity=selective", "model.recompute_modules=[]")
+    assert code == 0 and report["ok"] and ids(report, "error") == set()
+
+
+def test_claim_empty_list_is_valid_for_the_live_validator_too(TransformerConfig, capsys):
+    # in-process, so the megatron-core import of the fixture is reused
+    from mbridge_recompute.cli import main
+
+    with pytest.raises(SystemExit) as done:
+        main(["check", "--validator", "live", "--json", "--set", "model.recompute_granularity=selective",
+              "--set", "model.recompute_modules=[]"])
+    report = json.loads(capsys.readouterr().out)
+    assert done.value.code == 0 and report["ok"] and report["validator"] == "live"
+
+
+def test_claim_none_becomes_core_attn(TransformerConfig):
+    cfg = make(TransformerConfig, recompute_granularity="selective", recompute_modules=None)
+    assert cfg.recompute_modules == ["core_attn"]
+    # the checker sees the implicit core_attn too, and warns about it under fused attention
+    _, report = check("model.recompute_granularity=selective", "model.recompute_modules=null")
+    assert "core-attn-fused-attention" in ids(report, "warning")
+
+
+def test_claim_labels_are_validated_only_under_selective(TransformerConfig):
+    cfg = make(TransformerConfig, recompute_granularity="full", recompute_method="uniform",
+               recompute_num_layers=1, recompute_modules=["bogus"])
+    assert cfg.recompute_modules == ["bogus"]
+    assert "Invalid choices for recompute_modules: {'bogus'}" in raised(
+        TransformerConfig, recompute_granularity="selective", recompute_modules=["bogus"])
+
+
+def test_claim_label_table_for_0_16_1_is_the_installed_megatron_core_set(TransformerConfig):
+    message = raised(TransformerConfig, recompute_granularity="selective",
+                     recompute_modules=["__probe__"])
+    allowed = ast.literal_eval(message.split("Allowed modules are: ")[1])
+    table = {modules_of(r["label"])[0]: r for r in label_table(SKILL_TEXT)}
+    assert {name for name, row in table.items() if row["0.16.1"] == "yes"} == allowed
+
+
+def test_claim_empty_string_from_the_harness_flag_is_an_invalid_label(TransformerConfig):
+    # `--recompute_modules ""` arrives as [''], which megatron-core rejects
+    assert "Invalid choices for recompute_modules: {''}" in raised(
+        TransformerConfig, recompute_granularity="selective", recompute_modules=[""])
+    assert "`Invalid choices for recompute_modules: {''}`" in SKILL_TEXT
+
+
+def test_claim_a_space_after_the_comma_makes_an_invalid_label(TransformerConfig):
+    assert "{' layernorm'}" in raised(TransformerConfig, recompute_granularity="selective",
+                                      recompute_modules=["core_attn", " layernorm"])
+
+
+# ---------------------------------------------------------------- harness forms
+
+def test_claim_harness_flag_is_one_comma_token():
+    tokens = harness_tokens("--modules", "layernorm,moe_act")
+    i = tokens.index("--recompute_modules")
+    assert tokens[i + 1] == "layernorm,moe_act"
+    assert "moe_act" not in tokens[i + 2:i + 3]
+
+
+def test_claim_empty_list_is_not_expressible_through_the_harness_flag():
+    tokens = harness_tokens("--modules", "[]")
+    assert "--recompute_modules" not in tokens
+    assert "model.recompute_granularity=selective" in tokens
+    assert "model.recompute_modules=[]" in tokens
+
+
+def test_claim_rl_means_full_recompute_with_method_block():
+    block = harness_tokens("--granularity", "full", "--method", "block", "--num-layers", "4")
+    assert block[block.index("-rl") + 1] == "4"
+    uniform = harness_tokens("--granularity", "full", "--method", "uniform", "--num-layers", "1")
+    assert "-rl" not in uniform
+    assert "model.recompute_method=uniform" in uniform
+
+
+def test_claim_full_iteration_graphs_are_impl_local_with_scope_full_iteration(TransformerConfig):
+    full = dict(recompute_granularity="full", recompute_method="uniform", recompute_num_layers=1)
+    make(TransformerConfig, **full, cuda_graph_impl="local", cuda_graph_scope=["full_iteration"])
+    assert raised(TransformerConfig, **full, cuda_graph_impl="transformer_engine") == \
+        "full recompute is only supported with full iteration CUDA graph."
+    # on 0.16.1 the impl name full_iteration does not exist
+    assert "Invalid cuda graph implementation: full_iteration" in raised(
+        TransformerConfig, **full, cuda_graph_impl="full_iteration")
+    code, report = check("model.recompute_granularity=full", "model.recompute_method=uniform",
+                         "model.recompute_num_layers=1", "model.cuda_graph_impl=transformer_engine")
+    assert code == 1 and "full-recompute-needs-full-iteration-graph" in ids(report, "error")
+    code, _ = check("model.recompute_granularity=full", "model.recompute_method=uniform",
+                    "model.recompute_num_layers=1", "model.cuda_graph_impl=local",
+                    "model.cuda_graph_scope=[full_iteration]")
+    assert code == 0
+
+
+# ---------------------------------------------------------------- mechanisms
+
+@pytest.fixture
+def cpu_rng(monkeypatch):
+    """The CUDA RNG snapshot the checkpoints take, replaced: this machine has no GPU.
+
+    Everything else (the checkpoint functions, save_for_backward, the TE lookups) is
+    the installed megatron-core 0.16.1 code. No backward is run.
+    """
+    from megatron.core.tensor_parallel import random as rnd
+
+    monkeypatch.setattr(rnd, "_get_all_rng_states", lambda: None)
+    return rnd
+
+
+def test_claim_core_attn_checkpoint_pins_the_fused_qkv_buffer(cpu_rng):
+    import torch
+
+    s, b, groups, heads_per_group, hn = 16, 2, 2, 4, 8
+    x = torch.randn(s, b, 32, requires_grad=True)
+    w = torch.randn(32, groups * (heads_per_group + 2) * hn, requires_grad=True)
+    qkv = (x @ w).view(s, b, groups, (heads_per_group + 2) * hn)       # fused QKV GEMM output
+    q, k, v = torch.split(qkv, [heads_per_group * hn, hn, hn], dim=3)  # views, as in Attention
+    q, k = q.reshape(s, b, -1, hn) * 1.0, k * 1.0                      # RoPE returns fresh q, k
+
+    def core_attention(q, k, v):
+        return q.mean() + k.mean() + v
+
+    out = cpu_rng.checkpoint(core_attention, False, q, k, v)
+    saved_v = out.grad_fn.saved_tensors[2]
+    assert saved_v.numel() * saved_v.element_size() == s * b * groups * hn * 4
+    assert saved_v.untyped_storage().nbytes() == qkv.untyped_storage().nbytes()
+    assert saved_v.untyped_storage().nbytes() == (heads_per_group + 2) * saved_v.numel() * 4
+
+
+def test_claim_checkpoint_without_output_needs_transformer_engine_even_in_bf16(cpu_rng):
+    import torch
+
+    CheckpointWithoutOutput = cpu_rng.CheckpointWithoutOutput
+
+    assert CheckpointWithoutOutput().fp8 is True            # the default fp8=False becomes True
+    assert CheckpointWithoutOutput(fp8=None).fp8 is False   # how mla_up_proj builds it in bf16
+    with pytest.raises(NameError, match="FP8GlobalStateManager"):
+        CheckpointWithoutOutput().checkpoint(lambda t: t * 2, torch.randn(3, requires_grad=True))
+    assert "`NameError: name 'FP8GlobalStateManager' is not defined`" in SKILL_TEXT
+
+
+def test_claim_layernorm_is_a_silent_no_op_on_the_te_dense_spec():
+    code, report = check("model.recompute_modules=[layernorm]")
+    assert code == 0
+    assert "layernorm-on-te-dense-spec" in ids(report, "warning")
+
+
+# ---------------------------------------------------------------- full recompute
+
+def test_claim_uniform_with_a_non_dividing_layer_count_fails_only_at_runtime(TransformerConfig):
+    make(TransformerConfig, recompute_granularity="full", recompute_method="uniform",
+         recompute_num_layers=3)                             # 8 layers: accepted by the config
+    # default workload: 80 layers / (PP 4 * VPP 5) = 4 layers per chunk; 3 does not divide it
+    code, report = check("model.recompute_granularity=full", "model.recompute_method=uniform",
+                         "model.recompute_num_layers=3", "model.recompute_modules=null")
+    assert code == 1 and "uniform-num-layers-not-dividing-chunk" in ids(report, "error")
+    code, _ = check("model.recompute_granularity=full", "model.recompute_method=uniform",
+                    "model.recompute_num_layers=2", "model.recompute_modules=null")
+    assert code == 0
+
+
+def test_claim_recompute_num_layers_below_one_is_accepted_by_the_config(TransformerConfig):
+    make(TransformerConfig, recompute_granularity="full", recompute_method="uniform",
+         recompute_num_layers=0)
+    code, report = check("model.recompute_granularity=full", "model.recompute_method=uniform",
+                         "model.recompute_num_layers=0")
+    assert code == 1 and "uniform-num-layers-below-one" in ids(report, "error")
+
+
+def test_claim_recompute_num_layers_counts_per_model_chunk():
+    _, report = check("model.recompute_granularity=full", "model.recompute_method=block",
+                      "model.recompute_num_layers=2", "model.recompute_modules=null")
+    info = [f for f in report["findings"] if f["id"] == "num-layers-per-model-chunk"]
+    assert info and "4 layers" in info[0]["message"]
+
+
+# ---------------------------------------------------------------- quoted messages
+
+QUOTED = [
+    (dict(recompute_granularity="selective", recompute_num_layers=1),
+     "When using recompute_granularity: selective recompute_num_layers must be None."),
+    (dict(recompute_granularity="full", recompute_num_layers=1),
+     'Using recompute_granularity: full so recompute_method must be "block" or "uniform"'),
+    (dict(recompute_granularity="full", recompute_method="uniform", recompute_num_layers=1,
+          tensor_model_parallel_size=2, sequence_parallel=True, distribute_saved_activations=True),
+     "distribute_saved_activations: True must be false when sequence parallel is enabled: True"),
+    (dict(recompute_granularity="selective", cpu_offloading=True, cpu_offloading_num_layers=1),
+     "CPU offloading does not work when activation recomputation is enabled"),
+    (dict(recompute_granularity="selective", recompute_modules=["layernorm"], fp8="hybrid",
+          fp8_recipe="delayed"),
+     "Delayed scaling does not support moe_act and layernorm recompute for fp8."),
+    (dict(recompute_granularity="selective", recompute_modules=["moe_act"], num_moe_experts=4,
+          moe_router_topk=2, moe_ffn_hidden_size=32),
+     "moe_act in recompute_modules is only supported with moe_grouped_gemm."),
+    (dict(recompute_granularity="selective", recompute_modules=["shared_experts"], num_moe_experts=4,
+          moe_router_topk=2, moe_ffn_hidden_size=32, moe_shared_expert_intermediate_size=32,
+          moe_shared_expert_overlap=True, moe_token_dispatcher_type="alltoall"),
+     "shared_experts recompute cannot work with --moe-shared-expert-overlap."),
+]
+
+
+@pytest.mark.parametrize("fields,message", QUOTED, ids=[m[:40] for _, m in QUOTED])
+def test_claim_quoted_messages_are_the_installed_megatron_core_messages(TransformerConfig, fields, message):
+    assert f"`{message}`" in SKILL_TEXT
+    assert raised(TransformerConfig, **fields) == message
+
+
+def test_claim_mhc_is_not_a_0_16_1_label(TransformerConfig):
+    assert "{'mhc'}" in raised(TransformerConfig, recompute_granularity="selective",
+                               recompute_modules=["mhc"])
+
+
+# ---------------------------------------------------------------- tests that run nothing
+
+def _fake_checkout(root: Path) -> Path:
+    """A checkout of this package's kind whose conftest maps exit 5 to 0, as Bridge's does."""
+    (root / "scripts" / "mbridge_recompute").mkdir(parents=True)
+    tests = root / "tests"
+    tests.mkdir()
+    (tests / "conftest.py").write_text(textwrap.dedent("""\
+        def pytest_sessionfinish(session, exitstatus):
+            if exitstatus == 5:          # "no tests collected" reported as success
+                session.exitstatus = 0
+        """))
+    (tests / "test_config.py").write_text(textwrap.dedent("""\
+        def test_sync_and_validate_cuda_graph():
+            cfg = dict(recompute_granularity="selective")   # the word only in a body
+            assert cfg["recompute_granularity"] == "selective"
+
+        def test_all_validations_combined():
+            assert True
+        """))
+    return root
+
+
+def test_claim_minus_k_recompute_selects_zero_tests_and_still_exits_zero(tmp_path):
+    repo = _fake_checkout(tmp_path / "checkout")
+    r = subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider",
+                        "tests/test_config.py", "-k", "recompute", "-q"],
+                       cwd=repo, capture_output=True, text=True)
+    assert r.returncode == 0
+    assert "2 deselected" in r.stdout and "passed" not in r.stdout
+
+
+def test_claim_zero_selected_is_failure(tmp_path):
+    repo = _fake_checkout(tmp_path / "checkout")
+    r = run_script("tests", "--repo", repo, "-k", "recompute", "--runner", "python", "--json")
+    report = json.loads(r.stdout)
+    assert (r.returncode, report["verdict"], report["selected"]) == (1, "no-tests", 0)
+    # the same checkout with a selection that matches: a real pass
+    ok = run_script("tests", "--repo", repo, "-k", "cuda_graph", "--runner", "python", "--json")
+    assert (ok.returncode, json.loads(ok.stdout)["verdict"]) == (0, "pass")
+
+
+# ---------------------------------------------------------------- measurement contract
+
+def _copy_runs(src: Path, dst: Path, names: list[str]) -> list[Path]:
+    out = []
+    for name in names:
+        shutil.copytree(src / name, dst / name)
+        out.append(dst / name)
+    return out
+
+
+def test_claim_moe_act_is_the_cheapest_real_saving_in_the_moonlight_sweep():
+    r = run_script("compare", *sorted((EXAMPLES / "logs" / "moonlight16b").iterdir()), "--json")
+    report = json.loads(r.stdout)
+    assert r.returncode == 0 and report["narrowest"] == "moe_act"
+    core_attn = next(x for x in report["runs"] if x["name"] == "core_attn")
+    assert abs(core_attn["delta_peak_pct"]) < 0.5 and core_attn["delta_time_pct"] > 3
+
+
+def test_claim_a_later_failure_is_not_a_pass():
+    r = run_script("compare", *sorted((EXAMPLES / "logs" / "nemotron3nano").iterdir()), "--json")
+    runs = {x["name"]: x for x in json.loads(r.stdout)["runs"]}
+    assert runs["moe_act"]["status"] == "oom"
+    assert runs["moe_act"]["peak_allocated_gb"] < runs["empty"]["peak_allocated_gb"]
+    assert runs["moe"]["status"] == "pass"
+
+
+def test_claim_missing_lm_loss_is_a_failure(tmp_path):
+    control, candidate = _copy_runs(EXAMPLES / "logs" / "moonlight16b", tmp_path, ["empty", "moe_act"])
+    log = candidate / "log.txt"
+    lines = log.read_text().splitlines(keepends=True)
+    dropped = [re.sub(r"lm loss: [^|]*\| ", "", l) if re.search(r"iteration\s+1[5-9]/", l) else l
+               for l in lines]
+    assert dropped != lines
+    log.write_text("".join(dropped))
+    r = run_script("compare", control, candidate, "--json")
+    runs = {x["name"]: x for x in json.loads(r.stdout)["runs"]}
+    assert runs["moe_act"]["status"] == "nan"
+    assert r.returncode == 1
+
+
+def test_claim_fragmentation_is_ruled_out_first():
+    message = ("torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0 has a "
+               "total capacity of 79.11 GiB of which 1.20 GiB is free. Of the allocated memory 70.10 GiB "
+               "is allocated by PyTorch, and 5.30 GiB is reserved by PyTorch but unallocated.")
+    r = run_script("diagnose", "--message", message, "--json")
+    findings = json.loads(r.stdout)["findings"]
+    assert r.returncode == 0
+    assert findings[0]["kind"] == "fragmentation"
+    assert "expandable_segments:True" in findings[0]["next_action"]
