@@ -192,3 +192,19 @@ def test_compare_reads_the_logs_the_sweep_wrote(standin, tmp_path):
     assert rows["empty"]["peak_allocated_gb"] == pytest.approx(60.0)
     assert rows["moe_act"]["peak_allocated_gb"] == pytest.approx(54.0)
     assert rows["uniform1"]["peak_allocated_gb"] == pytest.approx(30.1)
+
+
+def test_revisions_read_each_repository_itself_never_the_parents_head(tmp_path):
+    from mbridge_recompute.launch import revisions
+
+    repo = tmp_path / "bridge"
+    sub = repo / "3rdparty" / "Megatron-LM"
+    sub.mkdir(parents=True)
+    heads = {}
+    for path in (sub, repo):
+        git = ["git", "-C", str(path), "-c", "user.name=t", "-c", "user.email=t@t"]
+        subprocess.run([*git, "init", "-q"], check=True)
+        subprocess.run([*git, "commit", "-q", "--allow-empty", "-m", str(path)], check=True)
+        heads[path] = subprocess.run([*git, "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip()
+    assert revisions(str(repo)) == {"megatron_bridge": heads[repo], "megatron_lm": heads[sub]}
+    assert revisions(str(tmp_path / "not-a-repo")) == {"megatron_bridge": "unknown", "megatron_lm": "unknown"}

@@ -198,6 +198,9 @@ def launch_sweep(sweep: Sweep, *, timeout: Optional[float], grace: float, parser
             if m["interrupted"]:
                 progress("interrupted: the sweep stops here")
                 break
+    except (KeyboardInterrupt, _Terminated):
+        # between two runs (no child to end): stop, and report what ran
+        progress("interrupted between runs: the sweep stops here")
     finally:
         if previous is not None:
             signal.signal(signal.SIGTERM, previous)

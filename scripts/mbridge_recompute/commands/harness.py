@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import argparse
-import json
+import shlex
 
 from mbridge_recompute.errors import EXIT_OK, EXIT_PROBLEM, InputError
 from mbridge_recompute.output import emit, table
@@ -122,6 +122,8 @@ def run(args) -> int:
         for key in ("returncode", "timed_out", "interrupted", "started_at", "ended_at", "duration_s", "log"):
             r[key] = m.get(key) if m else None
         r["manifest"] = f"{r['run_dir']}/{launch.MANIFEST}" if m else None
+    logs = " ".join(shlex.quote(r["log"]) for r in report["runs"] if r.get("log"))
+    report["next"] = f"python scripts/compare_runs.py {logs}" if logs else None
     report["ok"] = len(manifests) == len(sweep.runs) and all(m["returncode"] == 0 and m["status"] == "ok"
                                                              for m in manifests)
     emit(report, args.json, _text)
@@ -145,6 +147,8 @@ def _text(report: dict) -> str:
         lines.append(table(["run", "candidate", "status", "exit", "seconds", "run dir"],
                            [[r["name"], r["candidate"], r["status"], r["returncode"], r["duration_s"],
                              r["run_dir"]] for r in report["runs"]], "llllrl"))
+        if report.get("next"):
+            lines += ["", f"compare: {report['next']}"]
     else:
         for r in report["runs"]:
             lines += ["", f"# {r['name']}: {r['candidate']}", r["display"]]
