@@ -250,3 +250,40 @@ def test_sweep_tokens_are_the_config_writers_harness_format(checkout):
             {"empty": "[]", "uniform2": "uniform:2", "block4": "block:4", "off": "none"}.get(
                 r["name"], r["name"].replace("+", ",")))
         assert r["recompute_tokens"] == render(setting, "harness")
+
+
+def test_from_plan_leaves_out_entries_the_plan_rejects_and_says_so(checkout, tmp_path):
+    plan = {"frontier": [
+        {"name": "moe", "recompute_granularity": "selective", "recompute_modules": ["moe"],
+         "recompute_method": None, "recompute_num_layers": None, "allowed": False,
+         "rejected_by": ["moe-recompute-with-ep-overlap"]},
+        {"name": "block:2", "recompute_granularity": "full", "recompute_modules": None,
+         "recompute_method": "block", "recompute_num_layers": 2, "allowed": True}]}
+    path = tmp_path / "plan.json"
+    path.write_text(json.dumps(plan))
+    proc = run_script("harness", "--repo", checkout, "--json", "--from-plan", path, "--", *PINNED)
+    report = json.loads(proc.stdout)
+    assert [r["name"] for r in report["runs"]] == ["empty", "block2"]
+    assert any("moe-recompute-with-ep-overlap" in n for n in report["notes"])
+
+
+def test_from_plan_reads_what_plan_json_writes(checkout, tmp_path):
+    plan = run_script("plan", "--json")
+    assert plan.returncode in (0, 1), plan.stderr
+    path = tmp_path / "plan.json"
+    path.write_text(plan.stdout)
+    proc = run_script("harness", "--repo", checkout, "--json", "--from-plan", path, "--", *PINNED)
+    assert proc.returncode == 0, proc.stderr
+    data = json.loads(plan.stdout)
+    runs = json.loads(proc.stdout)["runs"]
+    assert runs[0]["name"] == "empty"
+    wanted = [e for e in data["frontier"] + [data["recommendation"]] if e.get("allowed", True)]
+    got = {json.dumps(r["setting"], sort_keys=True) for r in runs}
+    for e in wanted:
+        fields = {k: e[k] for k in ("recompute_granularity", "recompute_modules", "recompute_method",
+                                    "recompute_num_layers")}
+        if fields["recompute_granularity"] == "selective" and fields["recompute_modules"] is None:
+            fields["recompute_modules"] = ["core_attn"]
+        if fields["recompute_granularity"] != "selective":
+            fields["recompute_modules"] = None
+        assert json.dumps(fields, sort_keys=True) in got

@@ -130,8 +130,11 @@ def parse_candidates(texts: Sequence[str]) -> list:
     return _unique(out, "--candidates")
 
 
-def candidates_from_plan(path: str, with_control: bool = True) -> list:
+def candidates_from_plan(path: str, with_control: bool = True, notes: Optional[list] = None) -> list:
     """The settings a `plan --json` report proposes: its frontier, then its recommendation.
+
+    Entries the plan marks `allowed: false` (a constraint rejects them) are left
+    out, each with a line in `notes`.
 
     A plan entry with granularity selective and modules None means MCore's
     implicit default, which it replaces by ["core_attn"]
@@ -152,6 +155,11 @@ def candidates_from_plan(path: str, with_control: bool = True) -> list:
         raise InputError("--from-plan", f"{path} has no 'frontier' entries and no 'recommendation'")
     settings = [RecomputeSetting.selective()] if with_control else []
     for i, e in enumerate(entries):
+        if isinstance(e, dict) and e.get("allowed") is False:
+            if notes is not None:
+                notes.append(f"--from-plan: left out {e.get('name') or e.get('describe') or i}: rejected by "
+                             f"{', '.join(map(str, e.get('rejected_by') or [])) or 'a constraint'}")
+            continue
         settings.append(_setting_from_fields(e, f"--from-plan entry {i}"))
     # the recommendation is usually also on the frontier: keep the first occurrence
     out = []

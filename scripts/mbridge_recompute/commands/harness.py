@@ -79,8 +79,10 @@ def run(args) -> int:
         raise InputError("--timeout", "must be > 0 seconds")
     if args.grace < 0:
         raise InputError("--grace", "must be >= 0 seconds")
+    plan_notes: list = []
     if args.from_plan:
-        settings = harness.candidates_from_plan(args.from_plan, with_control=not args.no_control)
+        settings = harness.candidates_from_plan(args.from_plan, with_control=not args.no_control,
+                                                notes=plan_notes)
     else:
         settings = harness.parse_candidates(args.candidates)
     sweep = harness.build_sweep(args.repo, settings, args.passthrough, out_dir=args.out,
@@ -96,7 +98,7 @@ def run(args) -> int:
               "passthrough": sweep.passthrough,
               "parser_check": {"checked": check["checked"], "reason": check["reason"],
                                "problems": rejected},
-              "notes": list(sweep.notes), "runs": [r.as_dict() for r in sweep.runs]}
+              "notes": plan_notes + list(sweep.notes), "runs": [r.as_dict() for r in sweep.runs]}
     for r in report["runs"]:
         r["display"] = harness.display(next(x for x in sweep.runs if x.name == r["name"]))
 
