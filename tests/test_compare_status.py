@@ -194,3 +194,35 @@ def test_bad_option_values_are_exit_2():
     for args in (["--steady-from", "0"], ["--steady-fraction", "1.5"], ["--min-steady-steps", "0"]):
         proc = run_script("compare", FIXTURES / "pass.log", *args)
         assert proc.returncode == 2 and proc.stderr.startswith("error: --"), args
+
+
+def _harness_manifest(name, tokens, env=None, status="ok"):
+    argv = ["torchrun", "--nproc_per_node", "8", "scripts/performance/bootstrap.py", "-m", "kimi", "-mr",
+            "moonlight_16b", "-ng", "8", "-gb", "4", *tokens, "-wdj", f"recompute_{name}",
+            "--save_config_filepath", f"runs/{name}/ConfigContainer.yaml"]
+    return {"name": name, "setting": {"recompute_granularity": "selective", "recompute_modules": []},
+            "argv": argv, "recompute_tokens": tokens, "env": env or {}, "status": status, "returncode": 0,
+            "git": {"megatron_bridge": "600d069b", "megatron_lm": "24bad8e6"}}
+
+
+def test_harness_manifest_recompute_tokens_and_run_names_keep_the_pair_matched(tmp_path):
+    paths = _copy_sweep(tmp_path)
+    (tmp_path / "empty" / "manifest.json").write_text(json.dumps(_harness_manifest(
+        "empty", ["model.recompute_granularity=selective", "model.recompute_modules=[]"])))
+    (tmp_path / "moe_act" / "manifest.json").write_text(json.dumps(_harness_manifest(
+        "moe_act", ["--recompute_modules", "moe_act", "model.recompute_method=null"])))
+    out = json.loads(run_script("compare", *paths, "--json").stdout)
+    assert out["unmatched"] == [] and out["narrowest"] == "moe_act"
+
+
+def test_allocator_setting_in_one_run_only_is_unmatched(tmp_path):
+    paths = _copy_sweep(tmp_path)
+    (tmp_path / "empty" / "manifest.json").write_text(json.dumps(_harness_manifest("empty", [])))
+    (tmp_path / "moe_act" / "manifest.json").write_text(json.dumps(_harness_manifest(
+        "moe_act", [], env={"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"}, status="timed-out")))
+    proc = run_script("compare", *paths, "--json")
+    assert proc.returncode == 1
+    row = next(r for r in json.loads(proc.stdout)["runs"] if r["name"] == "moe_act")
+    assert row["reasons"] == ["environment PYTORCH_CUDA_ALLOC_CONF differs: expandable_segments:True vs None "
+                              "in the control"]
+    assert any("timed-out" in n for n in row["notes"])

@@ -105,6 +105,9 @@ def summarize(run: Run, steady_from: Optional[int] = None, fraction: float = 0.5
         notes.append(f"{run.skipped_iterations} skipped iteration(s) (loss-scale backoff or NaN skip)")
     if any(not it.complete for it in run.iterations):
         notes.append("an iteration line was cut (truncated log)")
+    hstatus = (run.manifest or {}).get("status")
+    if hstatus and hstatus != "ok":
+        notes.append(f"the harness recorded status {hstatus!r} (returncode {(run.manifest or {}).get('returncode')})")
     if run.replaced_bytes:
         notes.append(f"{run.replaced_bytes} undecodable byte sequence(s) replaced")
 
@@ -148,6 +151,15 @@ def choose_control(runs: list, name: Optional[str]) -> Run:
         if is_control(r):
             return r
     return runs[0]
+
+
+def _own_argv(manifest: dict) -> list:
+    """The manifest's argv without its `recompute_tokens` (the harness lists the tokens that differ)."""
+    argv = [str(t) for t in manifest["argv"]]
+    for tok in manifest.get("recompute_tokens") or []:
+        if str(tok) in argv:
+            argv.remove(str(tok))
+    return argv
 
 
 def _argv_key(argv: list) -> list:
@@ -211,16 +223,23 @@ def match(run: Run, control: Run) -> list:
     reasons = []
     ma, mb = run.manifest or {}, control.manifest or {}
     if isinstance(ma.get("argv"), list) and isinstance(mb.get("argv"), list):
-        a, b = _argv_items(_argv_key(ma["argv"])), _argv_items(_argv_key(mb["argv"]))
+        a, b = _argv_items(_argv_key(_own_argv(ma))), _argv_items(_argv_key(_own_argv(mb)))
         if a != b:
             diffs = [f"{k} {' '.join(a.get(k, ['(absent)']))} vs {' '.join(b.get(k, ['(absent)']))}"
                      for k in sorted(set(a) | set(b)) if a.get(k) != b.get(k)]
             reasons.append("command lines differ beyond recompute: " + "; ".join(diffs) + " in the control")
-    ra, rb = ma.get("revisions"), mb.get("revisions")
+    # the harness writes `git` {megatron_bridge, megatron_lm}; hand-written manifests may say `revisions`
+    ra, rb = ma.get("revisions", ma.get("git")), mb.get("revisions", mb.get("git"))
     if isinstance(ra, dict) and isinstance(rb, dict):
         for k in sorted(set(ra) | set(rb)):
             if ra.get(k) != rb.get(k):
                 reasons.append(f"revision of {k} differs: {ra.get(k)} vs {rb.get(k)} in the control")
+    ea, eb = ma.get("env"), mb.get("env")
+    if isinstance(ea, dict) and isinstance(eb, dict) and ea != eb:
+        # e.g. PYTORCH_CUDA_ALLOC_CONF in one run only: the allocator, not recompute, moves the peak
+        for k in sorted(set(ea) | set(eb)):
+            if ea.get(k) != eb.get(k):
+                reasons.append(f"environment {k} differs: {ea.get(k)} vs {eb.get(k)} in the control")
     if run.format != control.format and "unknown" not in (run.format, control.format):
         reasons.append(f"log formats differ: {run.format} vs {control.format}")
     ta, tb = run.target_iterations, control.target_iterations

@@ -29,8 +29,9 @@ definitions:
   narrowest      the matched passing candidate with the smallest step time among those
                  whose peak is at least --min-saving-pct below the control's
   matched        manifests' argv equal apart from recompute/naming flags, equal
-                 revisions; from the logs: train iterations, global batch size,
-                 theoretical weight+optimizer memory, parameter count, reporting ranks
+                 revisions (`git` or `revisions`) and environment overrides (`env`);
+                 from the logs: train iterations, global batch size, theoretical
+                 weight+optimizer memory, parameter count, reporting ranks
 
 exit status:
   0  the table was built and a matched candidate passed (or a lone control passed)
