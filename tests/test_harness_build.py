@@ -287,3 +287,13 @@ def test_from_plan_reads_what_plan_json_writes(checkout, tmp_path):
         if fields["recompute_granularity"] != "selective":
             fields["recompute_modules"] = None
         assert json.dumps(fields, sort_keys=True) in got
+
+
+def test_parser_check_catches_a_stray_token_that_hydra_would_reject(tmp_path):
+    """A space-separated label list leaves a bare word that argparse forwards to Hydra."""
+    repo = tmp_path / "bridge"
+    shutil.copytree(FIXTURE, repo)
+    proc = run_script("harness", "--repo", repo, "--json", "--candidates", "[]", "--", *PINNED, "layernorm")
+    assert proc.returncode == 1
+    problems = json.loads(proc.stdout)["parser_check"]["problems"]["empty"]
+    assert any("not key=value" in p and "layernorm" in p for p in problems)
