@@ -164,3 +164,9 @@ def test_plan_for_main_searches_non_divisor_uniform_counts(moonlight):
     r = selector.plan(moonlight, version="main")
     uniform = {c["recompute_num_layers"] for c in r["candidates"] if c["recompute_method"] == "uniform"}
     assert uniform == set(range(1, 28))
+
+
+def test_when_nothing_needs_recompute_the_sweep_is_the_control_alone(moonlight):
+    r = selector.plan(moonlight, budget_gb=1000.0)
+    assert r["recommendation"]["recompute_granularity"] is None and r["recommendation"]["fits"]
+    assert r["harness_candidates"] == ["[]"]

@@ -261,12 +261,12 @@ def recommend(cands: list[Candidate]) -> tuple[Optional[Candidate], bool]:
 def harness_candidates(rec: Optional[Candidate], frontier: list[Candidate], limit: int = 3) -> list[str]:
     """The matched sweep: the [] control, the recommendation and its nearest fitting frontier neighbours."""
     out = ["[]"]
-    if rec is not None and rec.name not in out and rec.setting.granularity is not None:
-        out.append(rec.name)
-    if rec is not None:
-        fitting = [c for c in frontier if c.fits and c.setting.granularity is not None and c.name not in out]
-        fitting.sort(key=lambda c: abs(c.cost_pct - rec.cost_pct))
-        out += [c.name for c in fitting[:max(0, limit - len(out) + 1)]]
+    if rec is None or rec.name in ("[]", "none"):
+        return out                       # nothing to recompute: the control run alone confirms the fit
+    out.append(rec.name)
+    fitting = [c for c in frontier if c.fits and c.setting.granularity is not None and c.name not in out]
+    fitting.sort(key=lambda c: abs(c.cost_pct - rec.cost_pct))
+    out += [c.name for c in fitting[:max(0, limit - len(out) + 1)]]
     return out
 
 
