@@ -53,12 +53,12 @@ def render(report: dict) -> str:
         if not group:
             continue
         lines.append("")
-        lines.append(f"{severity.upper()}S ({len(group)})" if len(group) > 1
-                     else f"{severity.upper()} (1)")
+        lines.append(f"{severity.upper()}S ({len(group)})")
         for f in group:
             lines.append(f"  [{f['id']}] {f['message']}")
-            if f.get("upstream_message") and f["upstream_message"] not in ("runtime only", "silent no-op"):
-                lines.append(f"      upstream: {f['upstream_message']}")
+            upstream = f.get("upstream_message")
+            if upstream and upstream != f["message"] and upstream not in ("runtime only", "silent no-op"):
+                lines.append(f"      upstream: {upstream}")
             if f.get("fix"):
                 lines.append(f"      fix: {f['fix']}")
             if f.get("citation"):
