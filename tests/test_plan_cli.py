@@ -98,9 +98,16 @@ def test_measured_and_measured_peak_are_exclusive(run_tool, tmp_path):
     assert p.returncode == 2
 
 
-def test_top_limits_the_frontier(run_tool):
-    p = run_tool("plan", MOONLIGHT, "--top", "2", "--json")
-    assert len(json.loads(p.stdout)["frontier"]) <= 2
+def test_top_keeps_the_frontier_points_nearest_the_recommendation(run_tool, moonlight_json):
+    _, full = moonlight_json
+    rec_cost = full["recommendation"]["cost_pct"]
+    p = run_tool("plan", MOONLIGHT, "--top", "3", "--json")
+    top = json.loads(p.stdout)["frontier"]
+    assert len(top) == min(3, len(full["frontier"]))
+    assert full["recommendation"]["name"] in [c["name"] for c in top]
+    kept = max(abs(c["cost_pct"] - rec_cost) for c in top)
+    dropped = [c for c in full["frontier"] if c["name"] not in {t["name"] for t in top}]
+    assert all(abs(c["cost_pct"] - rec_cost) >= kept for c in dropped)
 
 
 def test_plot_writes_a_png_and_refuses_to_overwrite_without_force(run_tool, tmp_path):

@@ -38,7 +38,8 @@ def add_arguments(parser) -> None:
     parser.add_argument("--plot", metavar="FILE.png", help="draw the memory/cost frontier (needs matplotlib)")
     parser.add_argument("--force", action="store_true", help="overwrite the --plot file if it exists")
     parser.add_argument("--top", type=int, metavar="N",
-                        help="show only the N cheapest frontier points (text and JSON)")
+                        help="keep only the N frontier points nearest the recommendation in cost "
+                             "(text and JSON; also what run_harness.py --from-plan sweeps)")
 
 
 def run(args) -> int:
@@ -57,13 +58,23 @@ def run(args) -> int:
     report = selector.plan(w, budget_gb=args.budget_gb, measured_peak_gb=measured,
                            measured_source=source, version=args.mcore_version)
     if args.top is not None:
-        report["frontier"] = report["frontier"][:args.top]
+        report["frontier"] = nearest_frontier(report, args.top)
     if args.plot:
         report["plot"] = _plot(report, Path(args.plot))
     from mbridge_recompute.output import emit
 
     emit(report, args.json, lambda r: render_text(r, args.top or 15))
     return EXIT_OK if report["fits"] else EXIT_PROBLEM
+
+
+def nearest_frontier(report: dict, n: int) -> list:
+    """The n frontier points closest in replay cost to the recommendation, cheapest first."""
+    rec = report.get("recommendation")
+    front = report["frontier"]
+    if rec is None:
+        return front[:n]
+    near = sorted(front, key=lambda c: (c["name"] != rec["name"], abs(c["cost_pct"] - rec["cost_pct"])))[:n]
+    return sorted(near, key=lambda c: (c["cost_pct"], c["peak_bytes"]))
 
 
 # --------------------------------------------------------------------------- text
