@@ -226,3 +226,9 @@ def test_allocator_setting_in_one_run_only_is_unmatched(tmp_path):
     assert row["reasons"] == ["environment PYTORCH_CUDA_ALLOC_CONF differs: expandable_segments:True vs None "
                               "in the control"]
     assert any("timed-out" in n for n in row["notes"])
+
+
+def test_repeated_iteration_lines_count_once():
+    lines = [lf.iteration_line(it, 4, 400.0) for it in range(1, 5)]
+    s = compare.summarize(logs.parse_lines(lines + lines[2:]), min_steady=3)
+    assert s["steady_steps"] == 2 and s["status"] == "incomplete"      # iterations 3 and 4, once each

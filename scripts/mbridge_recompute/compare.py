@@ -63,7 +63,9 @@ def steady_window(run: Run, steady_from: Optional[int], fraction: float) -> tupl
 def summarize(run: Run, steady_from: Optional[int] = None, fraction: float = 0.5,
               min_steady: Optional[int] = None) -> dict:
     first, last = steady_window(run, steady_from, fraction)
-    window = [it for it in run.iterations
+    # one line per iteration (the last one printed: a duplicated or restarted log repeats lines)
+    latest = {it.iteration: it for it in run.iterations}
+    window = [it for _, it in sorted(latest.items())
               if first is not None and first <= it.iteration <= last and it.complete and it.finite]
     interval = log_interval(run)
     expected = 0 if first is None else max(0, last // interval - (first - 1) // interval)
