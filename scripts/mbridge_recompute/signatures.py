@@ -100,12 +100,12 @@ RUNTIME: tuple = (
                     "divide the layers of each model chunk (0.16.1 indexes past the chunk)",
               fix="choose recompute_num_layers dividing the layers per model chunk (num_layers / PP / VPP), "
                   "or use recompute_method=block",
-              source="transformer/transformer_block.py:528-537,443-444 @ core_v0.16.1"),
+              source="transformer/transformer_block.py:532-542,443-444 @ core_v0.16.1"),
     Signature(id="full-recompute-fp8-without-te", kind="runtime", pattern=r"'NoneType' object is not callable",
               anchor="NoneType", exc_type="TypeError", frames=("checkpoint_handler", "_checkpointed_forward"),
               cause="full recompute with fp8/fp4 calls te_checkpoint, which is None without Transformer Engine",
               fix="install Transformer Engine, or run full recompute without fp8/fp4",
-              source="transformer/transformer_block.py:52,505-518 @ core_v0.16.1"),
+              source="transformer/transformer_block.py:52,504-519 @ core_v0.16.1"),
     _sig("te-checkpoint-needs-te", "runtime",
          "Transformer Engine is not installed. Please install it with `pip install transformer-engine`.",
          "install Transformer Engine (the fp8/fp4 checkpoint path needs it) or drop fp8/fp4",
@@ -132,7 +132,7 @@ RUNTIME: tuple = (
               cause="megatron-core 0.16.1 compares the Transformer Engine version inside __post_init__ "
                     "(fp8 + layernorm/moe_act, fp8 + MoE) and TE is not installed",
               fix="install Transformer Engine (>= 2.6 for fp8 layernorm/moe_act recompute), or drop fp8",
-              source="transformer/transformer_config.py:1248-1253,1599-1611 @ core_v0.16.1"),
+              source="transformer/transformer_config.py:1248,1601,1607 @ core_v0.16.1"),
     # ---- CUDA graphs and EP overlap (transformer_config.py rules the card leaves out)
     _sig("ep-overlap-needs-torch-2-6", "config", "A2A Overlap encounters hang issue with torch version < 2.6.0",
          "upgrade torch to >= 2.6 or disable overlap_moe_expert_parallel_comm",
