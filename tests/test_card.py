@@ -362,3 +362,37 @@ def test_schema_command_line_exit_codes(tmp_path):
     assert bad.returncode == 1
     assert bad.stderr.strip().splitlines() == [
         f"limitations[{len(data['limitations']) - 1}].text: expected a non-empty string, got 3"]
+
+
+# ---------------------------------------------------------------- constraints reference
+
+def _normalise(text: str) -> str:
+    return re.sub(r"\{[^}]*\}", "{}", text)
+
+
+def missing_constraint_messages(doc_text: str, card_data: dict) -> list[str]:
+    """Card constraints whose exact upstream message references/constraints.md does not quote.
+
+    Placeholders ({num_layers}, {…}) are compared as placeholders; silent no-ops and advice
+    carry no upstream message and are not required there.
+    """
+    doc = _normalise(doc_text)
+    missing = []
+    for c in card_data["constraints"]:
+        if not c["message"] or c["kind"] in ("silent-no-op", "advice") or c["message"] == "runtime only":
+            continue
+        if any(part.strip() and part.strip() not in doc for part in _normalise(c["message"]).split("{}")):
+            missing.append(c["id"])
+    return missing
+
+
+def test_constraints_reference_quotes_every_card_message():
+    text = (ROOT / "references" / "constraints.md").read_text()
+    assert missing_constraint_messages(text, card.load()) == []
+
+
+def test_constraints_reference_check_fails_when_a_message_drifts():
+    text = (ROOT / "references" / "constraints.md").read_text()
+    drifted = text.replace("full recompute is only supported with full iteration CUDA graph.",
+                           "full recompute is only supported with full-iteration CUDA graphs.")
+    assert "full-recompute-needs-full-iteration-graph" in missing_constraint_messages(drifted, card.load())
