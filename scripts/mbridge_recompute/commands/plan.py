@@ -57,6 +57,10 @@ def run(args) -> int:
         measured, source = selector.measured_peak_from_compare(args.measured), f"--measured {args.measured}"
     report = selector.plan(w, budget_gb=args.budget_gb, measured_peak_gb=measured,
                            measured_source=source, version=args.mcore_version)
+    if args.model:
+        from mbridge_recompute import catalog
+
+        report["model_source"] = catalog.describe(args.model)
     if args.top is not None:
         report["frontier"] = nearest_frontier(report, args.top)
     if args.plot:
@@ -91,7 +95,13 @@ def render_text(r: dict, top: int = 15) -> str:
            f"VPP{wl['vpp']} CP{wl['cp']} EP{wl['ep']} DP{wl['dp']}, seq {wl['seq_length']}, "
            f"MBS {wl['micro_batch_size']}, {wl['num_microbatches']} micro-batches, "
            f"{wl['gpu_memory_gb']:g} GB GPUs; recompute now: {wl['recompute']}",
-           f"budget: {_gb(r['budget_bytes'])} GB per GPU (sizes below in decimal GB)", ""]
+           f"budget: {_gb(r['budget_bytes'])} GB per GPU (sizes below in decimal GB)"]
+    if r.get("model_source"):
+        m = r["model_source"]
+        out.append(f"model: {m['title']} (catalog '{m['name']}'); layout: "
+                   + ("from the cited recipe/study" if m.get("layout_source") else
+                      "not in the catalog, defaults or your --set/workload values"))
+    out.append("")
 
     # per-rank memory under the current setting, activations by component
     comps: dict = {}
