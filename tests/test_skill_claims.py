@@ -212,10 +212,24 @@ def test_claim_checkpoint_without_output_needs_transformer_engine_even_in_bf16(c
     assert "`NameError: name 'FP8GlobalStateManager' is not defined`" in SKILL_TEXT
 
 
-def test_claim_layernorm_is_a_silent_no_op_on_the_te_dense_spec():
-    code, report = check("model.recompute_modules=[layernorm]")
-    assert code == 0
-    assert "layernorm-on-te-dense-spec" in ids(report, "warning")
+SILENT = [
+    ("layernorm-on-te-dense-spec", None, ["model.recompute_modules=[layernorm]"]),
+    ("moe-labels-on-dense-model", None, ["model.recompute_modules=[moe]"]),
+    ("moe-with-local-cuda-graph", "moonlight_16b.yaml",
+     ["model.recompute_modules=[moe]", "model.cuda_graph_impl=local", "model.cuda_graph_scope=[attn]"]),
+    ("mlp-on-moe-layers", "moonlight_16b.yaml", ["model.recompute_modules=[mlp]"]),
+]
+
+
+@pytest.mark.parametrize("rule,workload,sets", SILENT, ids=[r for r, _, _ in SILENT])
+def test_claim_labels_that_silently_do_nothing_are_reported(rule, workload, sets):
+    args = [str(EXAMPLES / workload)] if workload else []
+    for s in sets:
+        args += ["--set", s]
+    r = run_script("check", *args, "--validator", "builtin", "--json")
+    report = json.loads(r.stdout)
+    assert r.returncode == 0, "a silent no-op is not an error"
+    assert rule in ids(report)
 
 
 # ---------------------------------------------------------------- full recompute
