@@ -88,12 +88,12 @@ def test_embedding_on_first_stage_and_logits_on_last_stage():
 
 def test_logits_cross_entropy_keeps_fp32_softmax_per_microbatch():
     """Last stage (PP 1): 4 * V/t * T bytes of fp32 softmax for cross-entropy, V padded to
-    a multiple of 128 * t (32000 -> 32000)."""
+    a multiple of 128 * t (32000 -> 32000), plus its target mask and indices (9 T)."""
     w = dense()
     est = estimate(w)
     sh = shape_of(w, DEFAULT_KNOBS)
     final = 2 * sh.h * sh.Tr * 2 + 4 * sh.Tr      # final-norm input + output + rsigma
-    assert est.ranks[0].activations["logits"] == 4 * 32000 // 2 * 2048 + final
+    assert est.ranks[0].activations["logits"] == 4 * 32000 // 2 * 2048 + final + 9 * 2048
 
 
 # --- full recompute per chunk ------------------------------------------------------------
@@ -105,11 +105,13 @@ def _full(method, n, **kw):
 
 def test_full_uniform_keeps_one_input_per_group_per_chunk():
     """PP 2, VPP 2: 16 layers -> 4 per chunk; uniform 2 -> 2 groups per chunk; the first stage
-    holds 2(p-1) + (v-1)p + 1 = 5 chunk forwards -> 10 checkpoints of 2hTr."""
+    holds 2(p-1) + (v-1)p + 1 = 5 chunk forwards -> 10 checkpoints of 2hTr, plus the fp32
+    rotary frequencies [s, 1, 1, d] the checkpoints keep, one per chunk forward."""
     w = _full("uniform", 2, pipeline_model_parallel_size=2, virtual_pipeline_model_parallel_size=2)
     sh = shape_of(w, DEFAULT_KNOBS)
     est = estimate(w)
-    assert est.ranks[0].activations["checkpoints"] == 5 * 2 * 2 * sh.h * sh.Tr
+    freqs = 4 * 64 * 2048
+    assert est.ranks[0].activations["checkpoints"] == 5 * (2 * 2 * sh.h * sh.Tr + freqs)
 
 
 def test_full_block_larger_than_the_chunk_recomputes_every_layer():
@@ -123,11 +125,12 @@ def test_full_block_larger_than_the_chunk_recomputes_every_layer():
 
 
 def test_full_block_keeps_full_activations_for_the_rest_of_the_chunk():
-    """block 1 with 4 layers per chunk: 1 checkpoint + 3 full layers per chunk forward."""
+    """block 1 with 4 layers per chunk: 1 checkpoint (+ fp32 rotary frequencies) + 3 full
+    layers per chunk forward."""
     w = _full("block", 1, pipeline_model_parallel_size=2, virtual_pipeline_model_parallel_size=2)
     sh = shape_of(w, DEFAULT_KNOBS)
     est = estimate(w)
-    per_chunk = 2 * sh.h * sh.Tr + 3 * layer_bytes(sh, "attn+mlp", frozenset())
+    per_chunk = 2 * sh.h * sh.Tr + 4 * 64 * 2048 + 3 * layer_bytes(sh, "attn+mlp", frozenset())
     layer_part = sum(v for k, v in est.ranks[1].activations.items() if k != "logits")
     assert layer_part == 3 * per_chunk      # rank 1 (last): 2*0 + 1*2 + 1 = 3 chunk forwards
 
@@ -146,8 +149,9 @@ def test_uniform_replay_working_set_is_n_layers_block_is_one():
 
 def test_distribute_saved_activations_shards_the_checkpoint_without_sp():
     """distribute_saved_activations (needs SP off) keeps 1/t of each checkpointed input."""
-    w = _full("uniform", 1, sequence_parallel=False, distribute_saved_activations=True)
-    plain = _full("uniform", 1, sequence_parallel=False)
+    w = _full("uniform", 1, sequence_parallel=False, distribute_saved_activations=True,
+              position_embedding_type="learned_absolute")
+    plain = w.replace(distribute_saved_activations=False)
     assert estimate(plain).ranks[0].activations["checkpoints"] == \
         2 * estimate(w).ranks[0].activations["checkpoints"]
 

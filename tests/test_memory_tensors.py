@@ -26,7 +26,7 @@ def gqa(**kw) -> Workload:
                 normalization="RMSNorm", add_bias_linear=False, seq_length=S, vocab_size=32000,
                 attention_dropout=0.0, hidden_dropout=0.0, tensor_model_parallel_size=TP,
                 sequence_parallel=True, bf16=True, micro_batch_size=1,
-                extra_model={"bias_activation_fusion": True})
+                extra_model={"bias_activation_fusion": True, "apply_rope_fusion": True})
     base.update(kw)
     return Workload(**base)
 
@@ -71,10 +71,24 @@ def test_layernorm_statistics_are_mu_and_rsigma_for_layernorm():
     assert nbytes(gqa(normalization="LayerNorm")) - nbytes(gqa()) == 2 * 4 * TR
 
 
-def test_unfused_swiglu_keeps_the_whole_fc1_output_and_act_x0():
-    """Without bias_activation_fusion, glu() = silu(x0) * x1 keeps the chunk views (they pin
-    the whole [T, 2f'] fc1 output, 4f'T) and silu's output (2f'T): +2f'T over the fused 4f'T."""
-    assert nbytes(gqa(extra_model={})) - nbytes(gqa()) == 2 * F_ * T
+def test_unfused_swiglu_keeps_the_whole_fc1_output_act_x0_and_the_offset_sum():
+    """Without bias_activation_fusion, glu() = silu(x0) * (x1 + glu_linear_offset) keeps the
+    chunk views (they pin the whole [T, 2f'] fc1 output, 4f'T), silu's output (2f'T) and the
+    fresh sum x1 + offset (2f'T): 8f'T, +4f'T over the fused 4f'T. (Measured on an H200 with
+    megatron-core 0.16.1: see memory/measure.py.)"""
+    fused = gqa()
+    unfused = gqa(extra_model={"apply_rope_fusion": True})
+    assert nbytes(unfused) - nbytes(fused) == 4 * F_ * T
+
+
+def test_unfused_rope_keeps_cos_and_sin_for_q_and_k():
+    """apply_rope_fusion off (MCore default): each rotary multiply keeps cos and sin
+    [s, 1, 1, d] in bf16, for q and for k: 4 * 2 * d * s bytes per layer (measured)."""
+    unfused = gqa(extra_model={"bias_activation_fusion": True})
+    assert nbytes(unfused) - nbytes(gqa()) == 4 * 2 * D * S
+    learned = gqa(position_embedding_type="learned_absolute", extra_model={"bias_activation_fusion": True})
+    assert not any("RoPE" in x.name for x in layer_tensors(shape_of(learned, DEFAULT_KNOBS),
+                                                            "attn+mlp", frozenset()))
 
 
 def test_activation_fp8_input_store_halves_the_swiglu_input():

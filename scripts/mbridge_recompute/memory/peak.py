@@ -26,7 +26,8 @@ from mbridge_recompute.memory.shape import Shape, shape_of
 from mbridge_recompute.memory.static import rank_params, static_bytes
 from mbridge_recompute.memory.tensors import (checkpoint_bytes, embedding_tensors, largest_tensor,
                                               layer_bytes, layer_components, layer_tensors,
-                                              logits_transient, output_tensors)
+                                              logits_transient, output_tensors,
+                                              rotary_freqs_bytes)
 from mbridge_recompute.memory.types import DEFAULT_KNOBS, Knobs, MemoryEstimate, RankMemory
 
 NONE = frozenset()
@@ -108,7 +109,12 @@ def chunk_memory(sh: Shape, kinds: tuple, mode: RecomputeMode, first: bool, last
         recompute_method = mode.method
         recompute_num_layers = mode.num_layers
 
-    for start, stop, rec in chunk_groups(_W, len(kinds)):
+    groups = chunk_groups(_W, len(kinds))
+    if full and any(rec for _, _, rec in groups):
+        ck = rotary_freqs_bytes(sh)
+        saved += ck
+        comp["checkpoints"] = comp.get("checkpoints", 0.0) + ck
+    for start, stop, rec in groups:
         group = kinds[start:stop]
         if full and rec:
             ck = checkpoint_bytes(sh, mode.distribute)

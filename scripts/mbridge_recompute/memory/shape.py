@@ -84,6 +84,7 @@ class Shape:
     learned_pos: bool
     deallocate_outputs: bool
     te_cross_entropy: bool      # cross_entropy_loss_fusion with cross_entropy_fusion_impl="te"
+    rope_fusion: bool           # apply_rope_fusion (MCore default False)
     mamba_mem_eff: bool         # use_mamba_mem_eff_path (MCore default True)
 
     # --- derived per-rank quantities -------------------------------------------
@@ -210,4 +211,5 @@ def shape_of(w, knobs) -> Shape:
         te_cross_entropy=bool(_extra(w, "cross_entropy_loss_fusion", False))
         and _extra(w, "cross_entropy_fusion_impl", "native") == "te",
         mamba_mem_eff=bool(_extra(w, "use_mamba_mem_eff_path", True)),
+        rope_fusion=bool(_extra(w, "apply_rope_fusion", False)),
     )

@@ -31,7 +31,8 @@ def _act_saved(sh: Shape, width: float, tokens: float, *, weighted: bool = False
     (bias_swiglu / bias_geglu / TE activation) keep only their input (fp8 with
     activation_func_fp8_input_store). The unfused GLU `act(x0) * x1` keeps the
     chunk views, which pin the whole fc1 output, plus act(x0) saved by the multiply
-    (mlp.py:219-228 @ core_v0.16.1). `weighted` is the MoE expert path, whose
+    (mlp.py:219-228 @ core_v0.16.1), and the fresh x1 + offset. `weighted` is the MoE expert
+    path, whose
     unfused form also keeps the activation output for the probs multiply
     (experts.py:719-733 @ core_v0.16.1).
     """
@@ -49,7 +50,11 @@ def _act_saved(sh: Shape, width: float, tokens: float, *, weighted: bool = False
         out.append(Saved("fc1 output (activation input)", "", e * width * tokens))
         inner = width / 2 if sh.gated else width
         if sh.gated:
+            # `act(x0) * (x1 + glu_linear_offset)`: the multiply keeps act(x0) and the fresh
+            # sum x1 + offset (measured on megatron-core 0.16.1: 8f' bytes per token in all).
             out.append(Saved("unfused GLU: act(x0) kept by the multiply", "", e * inner * tokens))
+            out.append(Saved("unfused GLU: x1 + glu_linear_offset kept by the multiply", "",
+                             e * inner * tokens))
         if weighted:
             out.append(Saved("unfused: activation output kept by the probs multiply", "",
                              e * inner * tokens))
@@ -94,10 +99,20 @@ def _probs(sh: Shape, heads: float) -> list:
     return out
 
 
+def _rope_tables(sh: Shape, dim: int) -> list:
+    """Unfused RoPE (apply_rope_fusion off) computes cos and sin [s/c, 1, 1, dim] in the
+    activation dtype for q and for k, and the multiplies keep them (measured)."""
+    if not sh.rope or sh.rope_fusion:
+        return []
+    return [Saved("RoPE cos/sin for q and k (unfused rotary)", "attention",
+                  4 * sh.elt * dim * sh.s / sh.c)]
+
+
 def _attention_gqa(sh: Shape, mods: frozenset) -> list:
     e, h, T, Tr, d = sh.elt, sh.h, sh.T, sh.Tr, sh.d
     a_, g_ = sh.a_, sh.g_
     out = _attention_norm(sh, mods, fused_norm=sh.te)
+    out.extend(_rope_tables(sh, d))
     if sh.te or "layernorm" not in mods:
         out.append(Saved("A3 QKV GEMM input (norm output)", "attention",
                          (sh.q_bytes if sh.te else e) * h * Tr))
@@ -182,6 +197,7 @@ def _attention_mla(sh: Shape, mods: frozenset) -> list:
     if "mla_up_proj" in mods:
         out.append(Saved("mla_up_proj checkpoint: k_pos_emb", "attention", e * sh.dr * T))
     else:
+        out.extend(_rope_tables(sh, sh.dr))     # RoPE runs inside the up-projection checkpoint
         out.append(Saved("query [T, a', qk+rope]", "attention", e * a_ * (sh.dqk + sh.dr) * T))
         out.append(Saved("key [T, a', qk+rope]", "attention", e * a_ * (sh.dqk + sh.dr) * T))
         out.append(Saved("value [T, a', v]", "attention", e * a_ * sh.dv * T))
@@ -373,13 +389,23 @@ def output_tensors(sh: Shape) -> tuple:
     return (Saved("final-norm input", "logits", e * h * Tr),
             Saved("final-norm statistics (fp32)", "logits", sh.stats * Tr),
             Saved("output-layer input (final-norm output)", "logits", e * h * Tr),
-            ce)
+            ce,
+            Saved("cross-entropy target mask (bool) and target indices (int64)", "logits",
+                  9 * sh.T))
 
 
 def logits_transient(sh: Shape) -> float:
     """On top of the saved softmax: the 16-bit logits during the forward cast (and the
     16-bit gradient cast in backward). TE's fused cross-entropy works in place."""
     return 0.0 if sh.te_cross_entropy else sh.elt * sh.vocab_ * sh.T
+
+
+def rotary_freqs_bytes(sh: Shape) -> float:
+    """The fp32 rotary frequencies [s/c, 1, 1, d] a full-recompute checkpoint keeps among its
+    arguments, once per chunk and micro-batch (one shared tensor; measured)."""
+    if not sh.rope:
+        return 0.0
+    return 4 * (sh.dr if sh.mla else sh.d) * sh.s / sh.c
 
 
 def checkpoint_bytes(sh: Shape, distribute: bool) -> float:

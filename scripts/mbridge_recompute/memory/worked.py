@@ -26,7 +26,7 @@ def llama(s, t, h, a, g, f, impl="transformer_engine", **kw) -> Workload:
                     seq_length=s, vocab_size=128256, attention_dropout=0.0, hidden_dropout=0.0,
                     transformer_impl=impl, masked_softmax_fusion=True,
                     tensor_model_parallel_size=t, sequence_parallel=t > 1, bf16=True,
-                    extra_model={"bias_activation_fusion": True}, **kw)
+                    extra_model={"bias_activation_fusion": True, "apply_rope_fusion": True}, **kw)
 
 
 def rows(w, knobs=DEFAULT_KNOBS, labels=("core_attn", "layernorm", "mlp")) -> tuple:
