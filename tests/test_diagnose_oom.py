@@ -147,3 +147,32 @@ def test_guide_examples_are_diagnosed_as_their_names_say():
         proc = run_script("diagnose", EXAMPLES / "logs" / "oom" / f"{name}.log", "--json")
         assert proc.returncode == 0, proc.stderr
         assert json.loads(proc.stdout)["findings"][0]["kind"] == kind, name
+
+
+# Real PyTorch output: captured on an H200 with torch 2.11.0+cu130 by tests/fixtures/logs/gpu_oom_probe.py
+
+
+def test_real_torch_oom_text_is_parsed_completely():
+    run = logs.parse_file(FIXTURES / "real_oom_fragmentation.log")
+    (oom,) = run.ooms
+    assert oom.requested == 1024 * 2**20
+    assert oom.capacity == 139.80 * GIB and oom.allowed == 4 * GIB
+    assert oom.free == 135.97 * GIB and oom.process_in_use == 3.83 * GIB
+    assert oom.allocated == 1.64 * GIB and oom.reserved_unallocated == 1.68 * GIB
+
+
+def test_real_split_segments_are_diagnosed_as_fragmentation():
+    fs = findings("real_oom_fragmentation.log")
+    assert kinds(fs) == ["fragmentation"]
+
+
+def test_real_forward_oom_is_activations_near_its_cap():
+    f = findings("real_oom_forward.log")[0]
+    assert (f["kind"], f["stage"]) == ("activations", "first-forward")
+    assert "99% of its cap" in f["evidence"]
+
+
+def test_real_backward_oom_is_read_from_the_autograd_frames():
+    f = findings("real_oom_backward.log")[0]
+    assert (f["kind"], f["stage"]) == ("activations", "backward")
+    assert "exceeds all the memory this process may use" in f["evidence"]

@@ -77,10 +77,14 @@ def classify_oom(run: Run, oom: OOMEvent) -> list:
         + (f" (GPU {oom.gpu})" if oom.gpu is not None else "") \
         + (f", {oom.stage} of iteration {oom.iteration}" if oom.stage != "unknown"
            else f", iteration {oom.iteration} (stage unknown)")
-    numbers = (f"requested {_gib(oom.requested)}, capacity {_gib(oom.capacity)}, free {_gib(oom.free)}, "
+    cap = oom.limit
+    numbers = (f"requested {_gib(oom.requested)}, capacity {_gib(oom.capacity)}"
+               + (f" (this process is capped at {_gib(oom.allowed)})" if oom.allowed is not None else "")
+               + f", free {_gib(oom.free)}, "
                f"allocated by PyTorch {_gib(oom.allocated)}, reserved but unallocated "
                f"{_gib(oom.reserved_unallocated)}")
     extra = []
+    # memory outside the caching allocator is not under a per-process cap: compare with the device
     if oom.capacity and oom.process_in_use is not None and oom.allocated is not None \
             and oom.reserved_unallocated is not None:
         outside = oom.process_in_use - oom.allocated - oom.reserved_unallocated
@@ -106,9 +110,11 @@ def classify_oom(run: Run, oom: OOMEvent) -> list:
     if frag:
         out.append(("fragmentation", base + "; " + "; ".join(frag)))
 
-    near = (oom.allocated is not None and oom.capacity and oom.allocated >= NEAR_CAPACITY * oom.capacity)
-    share = "" if not (oom.allocated and oom.capacity) else \
-        f"; PyTorch holds {100 * oom.allocated / oom.capacity:.0f}% of capacity in live tensors"
+    near = (oom.allocated is not None and cap and oom.allocated >= NEAR_CAPACITY * cap)
+    share = "" if not (oom.allocated and cap) else \
+        f"; PyTorch holds {100 * oom.allocated / cap:.0f}% of {'its cap' if oom.allowed else 'capacity'} in live tensors"
+    if oom.requested is not None and cap and oom.requested > cap:
+        share += f"; the single {_gib(oom.requested)} request exceeds all the memory this process may use"
     if oom.stage in STATIC_STAGES:
         out.append(("static", base + f"; failed in {oom.stage}, before activations matter" + share))
     elif oom.stage in ACTIVATION_STAGES or oom.stage == "optimizer-step" or oom.iteration >= 2:

@@ -90,6 +90,7 @@ OOM_TRIED = re.compile(r"Tried to allocate " + _SIZE)
 OOM_CAP = re.compile(r"GPU (\d+) has a total capac\w* of " + _SIZE + r" of which " + _SIZE + r" is free")
 OOM_INUSE = re.compile(r"this process has " + _SIZE + r" memory in use")
 OOM_OTHER = re.compile(r"Process (\d+) has " + _SIZE + r" memory in use")
+OOM_ALLOWED = re.compile(_SIZE + r" allowed;")      # set_per_process_memory_fraction in force
 OOM_ALLOC = re.compile(r"Of the allocated memory " + _SIZE + r" is allocated by PyTorch, and " + _SIZE
                        + r" is reserved by PyTorch but unallocated")
 OOM_LEGACY = re.compile(r"\(GPU (\d+); " + _SIZE + r" total capacity; " + _SIZE + r" already allocated; "
@@ -184,6 +185,7 @@ class OOMEvent:
     free: Optional[float] = None
     process_in_use: Optional[float] = None       # "this process has X memory in use"
     other_processes: float = 0.0                 # sum of "Process P has X memory in use"
+    allowed: Optional[float] = None              # "X allowed;": the per-process cap, when one is set
     allocated: Optional[float] = None            # "allocated by PyTorch"
     reserved_unallocated: Optional[float] = None
     stage: str = "unknown"
@@ -194,6 +196,13 @@ class OOMEvent:
         return (self.gpu, self.requested, self.capacity, self.free, self.allocated, self.reserved_unallocated)
 
     @property
+    def limit(self) -> Optional[float]:
+        """What this process may use: the device capacity, or the per-process cap when lower."""
+        if self.allowed is not None and self.capacity is not None:
+            return min(self.allowed, self.capacity)
+        return self.capacity if self.allowed is None else self.allowed
+
+    @property
     def parsed(self) -> bool:
         return self.requested is not None and self.capacity is not None
 
@@ -202,7 +211,7 @@ class OOMEvent:
             return None if x is None else round(x / GIB, 3)
         return {"line": self.line, "rank": self.rank, "gpu": self.gpu, "stage": self.stage,
                 "iteration": self.iteration, "requested_gib": g(self.requested),
-                "capacity_gib": g(self.capacity), "free_gib": g(self.free),
+                "capacity_gib": g(self.capacity), "allowed_gib": g(self.allowed), "free_gib": g(self.free),
                 "process_in_use_gib": g(self.process_in_use),
                 "other_processes_gib": g(self.other_processes) if self.other_processes else 0.0,
                 "allocated_gib": g(self.allocated), "reserved_unallocated_gib": g(self.reserved_unallocated),
@@ -409,6 +418,8 @@ def parse_oom(text: str, line: int = 0) -> Optional[OOMEvent]:
         ev.free = _size(m.group(4), m.group(5))
     if (m := OOM_INUSE.search(text)):
         ev.process_in_use = _size(*m.groups())
+    if (m := OOM_ALLOWED.search(text)):
+        ev.allowed = _size(*m.groups())
     ev.other_processes = sum(_size(v, u) or 0.0 for _, v, u in OOM_OTHER.findall(text))
     if (m := OOM_ALLOC.search(text)):
         ev.allocated = _size(m.group(1), m.group(2))
