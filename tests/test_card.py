@@ -396,3 +396,36 @@ def test_constraints_reference_check_fails_when_a_message_drifts():
     drifted = text.replace("full recompute is only supported with full iteration CUDA graph.",
                            "full recompute is only supported with full-iteration CUDA graphs.")
     assert "full-recompute-needs-full-iteration-graph" in missing_constraint_messages(drifted, card.load())
+
+
+# ---------------------------------------------------------------- evidence conditions in prose
+
+def evidence_condition_mismatches(doc_text: str, card_data: dict) -> list[str]:
+    """The prose above each evidence table must state the card's hardware, parallelism,
+    sequence length and batch sizes (no number travels without its workload)."""
+    lines = doc_text.replace("×", "x").splitlines()
+    problems = []
+    for entry in card_data["evidence"]:
+        marker = f"<!-- card:evidence {entry['id']} -->"
+        idx = next((i for i, l in enumerate(lines) if l.strip() == marker), None)
+        if idx is None:
+            problems.append(f"{entry['id']}: no marker")
+            continue
+        start = max(i for i in range(idx) if lines[i].startswith("#"))
+        prose = " ".join(lines[start:idx])
+        cond = entry["conditions"]
+        wanted = [cond["hardware"], f"seq {cond['seq_length']}", f"MBS {cond['micro_batch_size']}",
+                  f"GBS {cond['global_batch_size']}"]
+        wanted += [f"{k} {v}" for k, v in re.findall(r"\b(TP|PP|VPP|CP|EP|DP) (\d+)", cond["parallelism"])]
+        problems += [f"{entry['id']}: prose lacks {w!r}" for w in wanted if w not in prose]
+    return problems
+
+
+def test_skill_evidence_prose_states_each_workload():
+    assert evidence_condition_mismatches(SKILL.read_text(), card.load()) == []
+
+
+def test_evidence_prose_check_fails_when_a_condition_drifts():
+    drifted = SKILL.read_text().replace("GBS 32;", "GBS 64;", 1)
+    assert evidence_condition_mismatches(drifted, card.load()) == [
+        "llama3_70b_fp8_sft_h100: prose lacks 'GBS 32'"]
