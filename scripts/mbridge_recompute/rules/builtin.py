@@ -25,8 +25,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Callable, Optional
 
-from mbridge_recompute import card
-from mbridge_recompute.rules.findings import finding, report
+from mbridge_recompute.rules.findings import constraint, finding, report
 
 # Values of `te_version` that mean "Transformer Engine is not installed there".
 TE_ABSENT = frozenset({"none", "absent", "no", "missing", "0", "0.0.0"})
@@ -846,7 +845,7 @@ class Evaluation:
 
 
 def _applies(cid: str, version: str) -> bool:
-    return version in [str(v) for v in card.constraint(cid)["versions"]]
+    return version in [str(v) for v in constraint(cid)["versions"]]
 
 
 def evaluate(w, version: str = "0.16.1", te_version: Optional[str] = None,

@@ -7,12 +7,26 @@ once in card.yaml (`constraints:`); `finding()` reads it from there by id.
 
 from __future__ import annotations
 
+from functools import lru_cache
 from typing import Optional
 
 from mbridge_recompute import card
 
 SEVERITIES = ("error", "warning", "info")
 _RANK = {s: i for i, s in enumerate(SEVERITIES)}
+
+
+@lru_cache(maxsize=1)
+def _constraints_by_id() -> dict:
+    return {c["id"]: c for c in card.constraints()}
+
+
+def constraint(cid: str) -> dict:
+    """The card entry of `cid` (indexed once: the planner checks many candidates)."""
+    try:
+        return _constraints_by_id()[cid]
+    except KeyError:
+        raise KeyError(f"card.yaml has no constraint {cid!r}") from None
 
 
 def finding(cid: str, source: str, detail: Optional[str] = None,
@@ -24,7 +38,7 @@ def finding(cid: str, source: str, detail: Optional[str] = None,
     message with the text megatron-core actually raised (live validator), so the
     report shows the real string, f-string parts filled in.
     """
-    c = card.constraint(cid)
+    c = constraint(cid)
     return {
         "id": cid,
         "severity": severity or c["severity"],
