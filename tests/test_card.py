@@ -429,3 +429,25 @@ def test_evidence_prose_check_fails_when_a_condition_drifts():
     drifted = SKILL.read_text().replace("GBS 32;", "GBS 64;", 1)
     assert evidence_condition_mismatches(drifted, card.load()) == [
         "llama3_70b_fp8_sft_h100: prose lacks 'GBS 32'"]
+
+
+# ---------------------------------------------------------------- limitations
+
+def limitation_mismatches(skill_text: str, card_data: dict) -> list[str]:
+    """SKILL.md's Known limitations are the card's limitation texts, in order (backticks and
+    line wrapping aside)."""
+    section = skill_text.split("## Known limitations", 1)[1].split("\n## ", 1)[0]
+    bullets = [" ".join(b.replace("`", "").split()) for b in re.split(r"\n- ", "\n" + section)[1:]]
+    wanted = [" ".join(e["text"].split()) for e in card_data["limitations"]]
+    problems = [f"card limitation {w[:60]!r}... is not in SKILL.md" for w in wanted if w not in bullets]
+    problems += [f"SKILL.md limitation {b[:60]!r}... is not in the card" for b in bullets if b not in wanted]
+    return problems
+
+
+def test_skill_known_limitations_are_the_card_limitations():
+    assert limitation_mismatches(SKILL.read_text(), card.load()) == []
+
+
+def test_limitation_check_fails_when_one_drifts():
+    drifted = SKILL.read_text().replace("none of it ranks labels in general", "it ranks labels", 1)
+    assert len(limitation_mismatches(drifted, card.load())) == 2
