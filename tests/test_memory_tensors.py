@@ -154,16 +154,17 @@ def test_mxfp8_adds_one_scale_byte_per_32_elements():
 def test_core_attn_under_te_adds_memory_by_pinning_the_fused_qkv_buffer():
     """TE: the checkpoint keeps fresh q (a'd) and k (g'd) and the v view that pins the
     whole [T, (a'+2g')d] QKV output, instead of TE's q, k, v copies and LSE:
-    delta = 2(a'+2g')dT + 2a'dT + 2g'dT - (2a'dT + 4g'dT) - 4a'T = +2(a'+g')dT - 4a'T."""
+    delta = 2(a'+2g')dT + 2a'dT + 2g'dT - (2a'dT + 4g'dT) - 4a'T = +2(a'+g')dT - 4a'T,
+    plus the checkpoint's 4-byte int32 attn_mask_type."""
     delta = nbytes(gqa(), mods=["core_attn"]) - nbytes(gqa())
-    assert delta == 2 * (A_ + G_) * D * T - 4 * A_ * T
+    assert delta == 2 * (A_ + G_) * D * T - 4 * A_ * T + 4
     assert delta > 0
 
 
 def test_core_attn_with_fused_single_qkv_rope_saves_only_the_lse():
-    """fused_single_qkv_rope makes v a fresh tensor: delta = -4a'T."""
+    """fused_single_qkv_rope makes v a fresh tensor: delta = -4a'T (+4 bytes of mask type)."""
     w = gqa(fused_single_qkv_rope=True)
-    assert nbytes(w, mods=["core_attn"]) - nbytes(w) == -4 * A_ * T
+    assert nbytes(w, mods=["core_attn"]) - nbytes(w) == -4 * A_ * T + 4
 
 
 def test_core_attn_with_fewer_kv_groups_than_tp_pins_the_gathered_buffer():
@@ -172,17 +173,17 @@ def test_core_attn_with_fewer_kv_groups_than_tp_pins_the_gathered_buffer():
     w = gqa(num_query_groups=2)
     delta = nbytes(w, mods=["core_attn"]) - nbytes(w)
     pinned = 2 * (A + 2 * 2) * D * T
-    assert delta == pinned + 2 * A_ * D * T + 2 * 1 * D * T - (2 * A_ * D * T + 4 * D * T) - 4 * A_ * T
+    assert delta == pinned + 2 * A_ * D * T + 2 * 1 * D * T - (2 * A_ * D * T + 4 * D * T) - 4 * A_ * T + 4
 
 
 def test_local_core_attn_for_gqa_is_6g_minus_2a_minus_probs():
     """Local spec, s = 4096 with the fused softmax kernel (masked_softmax_fusion, b*a' % 4 == 0):
     P = 2a's T. Without recompute: q + repeated k + repeated v (3 x 2a'dT) + P; the checkpoint
     keeps q, k (2g'dT) and the pinned QKV buffer 2(a'+2g')dT:
-    delta = (6g' - 2a')dT - 2a'sT."""
+    delta = (6g' - 2a')dT - 2a'sT (+4 bytes of mask type)."""
     w = gqa(transformer_impl="local", masked_softmax_fusion=True)
     delta = nbytes(w, mods=["core_attn"]) - nbytes(w)
-    assert delta == (6 * G_ - 2 * A_) * D * T - 2 * A_ * S * T
+    assert delta == (6 * G_ - 2 * A_) * D * T - 2 * A_ * S * T + 4
 
 
 def test_local_softmax_above_4096_takes_the_fp32_path():
@@ -336,9 +337,10 @@ def test_mla_up_proj_drops_query_key_value_and_keeps_k_pos_emb():
 
 
 def test_mla_core_attn_under_te_saves_only_the_lse():
-    """MLA makes q, k, v contiguous (multi_latent_attention.py:832-834): -4a'T."""
+    """MLA makes q, k, v contiguous (multi_latent_attention.py:832-834): -4a'T (+4 bytes of
+    mask type)."""
     w = mla()
-    assert nbytes(w) - nbytes(w, mods=["core_attn"]) == 4 * (32 // TP) * T
+    assert nbytes(w) - nbytes(w, mods=["core_attn"]) == 4 * (32 // TP) * T - 4
 
 
 def test_mla_layernorm_drops_the_input_norm_output():

@@ -3,7 +3,8 @@
     python -m mbridge_recompute.memory.measure [--out FILE.json]      (from scripts/, needs CUDA)
 
 Builds a one-GPU `GPTModel` with the local spec (no Transformer Engine needed) for a few
-workloads, runs one forward with `torch.autograd.graph.saved_tensors_hooks`, and counts
+dense workloads (MoE layers need Transformer Engine even on the local spec: the router GEMM
+calls te_general_gemm), runs one forward with `torch.autograd.graph.saved_tensors_hooks`, and counts
 the bytes of every distinct storage autograd (or a checkpoint function) keeps, without
 parameters and model inputs, attributed to the decoder layer that saved it first; storages
 that a checkpoint discards (resized to 0) count 0. It also reads the growth of
@@ -38,11 +39,6 @@ CASES = [
                                                 recompute_method="uniform", recompute_num_layers=2)),
     ("gqa full block 1", dict(layers=4), dict(recompute_granularity="full",
                                               recompute_method="block", recompute_num_layers=1)),
-    ("moe sequential experts", dict(moe=True), {}),
-    ("moe sequential experts: moe", dict(moe=True), dict(recompute_granularity="selective",
-                                                        recompute_modules=["moe"])),
-    ("moe sequential experts: shared_experts", dict(moe=True),
-     dict(recompute_granularity="selective", recompute_modules=["shared_experts"])),
 ]
 
 

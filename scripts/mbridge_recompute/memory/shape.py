@@ -74,6 +74,7 @@ class Shape:
     save_original_ok: bool  # TE new enough for set_save_original_input (>= 2.6 fp8 / 2.7 fp4)
     layernorm: bool        # LayerNorm (mu + rsigma) vs RMSNorm (rsigma)
     norm_stats: bool
+    tiny: bool             # count constant-size tensors
     attn_dropout: bool
     hidden_dropout: bool
     softmax_fusion: bool
@@ -203,6 +204,7 @@ def shape_of(w, knobs) -> Shape:
         te=w.transformer_impl == "transformer_engine", elt=elt, fp8=fp8,
         fp8_recipe=str(w.fp8_recipe), fp4=fp4, save_original_ok=bool(save_ok),
         layernorm=w.normalization == "LayerNorm", norm_stats=bool(knobs.norm_stats),
+        tiny=bool(knobs.tiny_tensors),
         attn_dropout=w.attention_dropout > 0, hidden_dropout=w.hidden_dropout > 0,
         softmax_fusion=bool(w.masked_softmax_fusion), softmax_fp32=bool(w.attention_softmax_in_fp32),
         fused_single_qkv_rope=bool(w.fused_single_qkv_rope),

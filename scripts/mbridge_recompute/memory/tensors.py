@@ -99,6 +99,11 @@ def _probs(sh: Shape, heads: float) -> list:
     return out
 
 
+def _mask_type(sh: Shape) -> list:
+    """The core_attn checkpoint also keeps attn_mask_type as a one-element int32 tensor."""
+    return [Saved("core_attn checkpoint: attn_mask_type (int32)", "attention", 4)] if sh.tiny else []
+
+
 def _rope_tables(sh: Shape, dim: int) -> list:
     """Unfused RoPE (apply_rope_fusion off) computes cos and sin [s/c, 1, 1, dim] in the
     activation dtype for q and for k, and the multiplies keep them (measured)."""
@@ -124,6 +129,7 @@ def _attention_gqa(sh: Shape, mods: frozenset) -> list:
     qkv_buf = e * ((sh.a + 2 * sh.g) if sh.g < sh.t else (a_ + 2 * g_)) * d * T
     if "core_attn" in mods:
         # tensor_parallel.checkpoint saves (q, k, v) as passed in (attention.py:1134-1143).
+        out.extend(_mask_type(sh))
         pinned = False
         if sh.rope:
             out.append(Saved("core_attn checkpoint: q after RoPE", "attention", e * a_ * d * T))
@@ -206,6 +212,8 @@ def _attention_mla(sh: Shape, mods: frozenset) -> list:
             out.append(Saved("A7 softmax LSE (fp32)", "attention", 4 * a_ * T))
         else:
             out.extend(_probs(sh, a_))
+    else:
+        out.extend(_mask_type(sh))
     out.append(Saved("A6 attention output O (linear_proj input)", "attention", e * a_ * sh.dv * T))
     if sh.low_precision and not sh.save_original_ok:
         out.append(Saved("A8 linear_proj quantized copy of O", "attention", q * a_ * sh.dv * T))

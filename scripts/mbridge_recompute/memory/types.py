@@ -18,6 +18,9 @@ class Knobs:
     moe_load_imbalance: float = 1.0
     # fp32 norm statistics (rsigma, and mu for LayerNorm); Korthikanti et al. ignore them
     norm_stats: bool = True
+    # constant-size tensors (the core_attn checkpoint's int32 attn_mask_type); the paper
+    # ignores them too
+    tiny_tensors: bool = True
     # attention score FLOPs factor: 0.5 counts only the causal half of QK^T and PV
     attention_flops_factor: float = 0.5
     # one byte of replayed communication costs as much time as this many FLOPs
@@ -32,7 +35,7 @@ class Knobs:
 
 DEFAULT_KNOBS = Knobs()
 # Korthikanti et al. 2022 count only the "main contributors": no fp32 norm statistics.
-PAPER_KNOBS = Knobs(norm_stats=False)
+PAPER_KNOBS = Knobs(norm_stats=False, tiny_tensors=False)
 
 
 @dataclass
