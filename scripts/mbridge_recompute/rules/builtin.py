@@ -434,12 +434,6 @@ def _fp8_input_store(s: State):
         return Hit("activation_func_fp8_input_store without SwiGLU")
 
 
-@rule("moe-bias-needs-etp-1", order=1588, raises="AssertionError")
-def _moe_bias(s: State):
-    if s.w.num_moe_experts is not None and s.w.add_bias_linear and s.w.etp != 1:
-        return Hit(f"MoE with add_bias_linear and expert tensor parallel size {s.w.etp}")
-
-
 @rule("moe-fp8-needs-te-1-7", order=1601, raises="ValueError")
 def _moe_fp8_te17(s: State):
     if s.w.is_moe and s.w.fp8:

@@ -157,7 +157,6 @@ VARIATION_CASES: list = [
                                  "recompute_method": "block", "recompute_num_layers": 3}, None),
     ("v pp4 full uniform 4 (bound unchecked)", {"pipeline_model_parallel_size": 4, **FULL1,
                                                 "recompute_num_layers": 4}, None),
-    ("v MoE tp2 with linear bias (ETP=TP)", {**TP2, **MOE, "sequence_parallel": True}, None),
     ("v tp2 no sp MoE sel moe", {**TP2, **MOE, "add_bias_linear": False, **sel("moe")}, None),
     ("v ep2 tp2 no sp (warning)", {**TP2, **MOE, "add_bias_linear": False, "expert_model_parallel_size": 2}, None),
     ("v ep2 tp2 sp", {**TP2, **MOE, "add_bias_linear": False, "expert_model_parallel_size": 2, "sequence_parallel": True}, None),
