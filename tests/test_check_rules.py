@@ -362,6 +362,15 @@ def test_live_is_a_superset_of_builtin(live_check):
         assert ids(check(w)) <= ids(live_check(w)), w
 
 
+def test_a_megatron_core_error_outside_the_card_is_still_an_error(live_check):
+    # MoE with megatron-core's default add_bias_linear=True and ETP = TP = 2 (tc:1588-1591 @ core_v0.16.1)
+    report = live_check(wl(**MOE, tensor_model_parallel_size=2, sequence_parallel=True))
+    f = one(report, "mcore-config-error")
+    assert report["ok"] is False and f["severity"] == "error" and f["source"] == "live"
+    assert "Bias in Moe is only supported when ETP==1" in f["upstream_message"]
+    assert "transformer_config.py:" in f["citation"]
+
+
 def test_auto_prefers_live_when_megatron_core_is_installed():
     report = check_workload(wl(**sel()), validator="auto")
     assert report["validator"] == "live" and report["version"] == "0.16.1"

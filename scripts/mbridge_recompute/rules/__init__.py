@@ -15,7 +15,11 @@ is an error. `validator`:
   superset;
 - "auto": live when megatron-core is installed, else builtin.
 
-The report's `validator` says which one answered.
+The report's `validator` says which one answered. Finding ids are card
+constraint ids, except three the live validator alone emits: `mcore-config-error`
+(TransformerConfig raised something no card constraint describes),
+`mcore-warning` (an unmapped config warning, info) and
+`bridge-validation-unavailable` (Megatron Bridge not importable, info).
 """
 
 from __future__ import annotations
