@@ -338,6 +338,9 @@ def test_live_is_told_the_te_version_and_decides_like_the_training_nodes(live_ch
     unknown = one(live_check(w), cid)                                      # no TE here, none stated
     assert unknown["severity"] == "warning" and unknown["raises"] == "TypeError"
     assert "could not evaluate" in unknown["message"]
+    absent = one(live_check(w, te_version="none"), cid)                    # stated absent: 0.16.1 fails
+    assert absent["severity"] == "error" and absent["raises"] == "TypeError"
+    assert one(check(w, te_version="none"), cid)["raises"] == "TypeError"
 
 
 def test_ep_overlap_rejects_full_recompute_method_and_num_layers():

@@ -360,7 +360,7 @@ def _te_gate(s: State, minimum: str, what: str) -> Optional[Hit]:
     if ok is None:
         return Hit(f"{what} needs Transformer Engine >= {minimum}; the TE version on the training "
                    "nodes is unknown (set cluster.te_version)", severity="warning")
-    if s.assume_te_absent and s.version == "0.16.1":
+    if s.te_absent and s.version == "0.16.1":
         return Hit(f"{what}: Transformer Engine is not installed, and megatron-core 0.16.1 then raises "
                    "TypeError ('>=' not supported between 'NoneType' and 'Version') instead of the "
                    f"intended check (needs TE >= {minimum})", raises="TypeError")

@@ -246,7 +246,8 @@ def check(w, version: Optional[str] = None, te_version: Optional[str] = None) ->
             f = finding(cid, "live", said, upstream=out.exc_message)
             f["raises"] = out.exc_type
             f["first"] = True
-            if out.exc_type == "TypeError" and cid in TE_GATED:
+            te_stated = te_version if te_version is not None else w.te_version
+            if out.exc_type == "TypeError" and cid in TE_GATED and te_stated is None:
                 # no TE on this machine and no te_version given: megatron-core could not decide
                 f["severity"] = "warning"
                 f["message"] = (f"{by_id[cid]['message'] if cid in by_id else f['message']} - "
