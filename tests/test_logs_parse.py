@@ -268,3 +268,17 @@ def test_logs_module_does_not_import_torch():
             % str(ROOT / "scripts"))
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
+
+
+def test_source_lines_inside_a_traceback_are_not_events():
+    frames = [("/x/train.py", 10, "train_step", "except (torch.cuda.OutOfMemoryError,"),
+              ("/x/train.py", 11, "train_step", "    ValueError: this is code, not an exception")]
+    run = logs.parse_lines(lf.traceback(frames, "RuntimeError: boom"))
+    assert run.ooms == []
+    assert [(e.exc_type, e.message) for e in run.errors] == [("RuntimeError", "boom")]
+    assert [f.func for f in run.errors[0].frames] == ["train_step", "train_step"]
+
+
+def test_line_numbers_count_newlines_only():
+    run = logs.parse_text("a\x0cb\u2028c\n" + lf.iteration_line(1, 2, 10.0) + "\n")
+    assert run.iterations[0].line == 2

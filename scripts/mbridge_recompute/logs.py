@@ -85,7 +85,7 @@ EXITING = re.compile(r"exiting program at iteration (\d+)")       # train.py:150
 # older "(GPU 0; X total capacity; ...)" form is read too).
 _SIZE = r"([\d.]+)\s*(bytes|B|KiB|MiB|GiB|TiB)"
 # (a source line such as `except torch.OutOfMemoryError:` in a traceback is not an OOM)
-OOM_MARK = re.compile(r"CUDA out of memory|CUDA error: out of memory|^\s*(?:[\w.]+\.)?OutOfMemoryError\b")
+OOM_MARK = re.compile(r"CUDA out of memory|CUDA error: out of memory|^\s*(?:[\w.]+\.)?OutOfMemoryError(?::|$)")
 OOM_TRIED = re.compile(r"Tried to allocate " + _SIZE)
 OOM_CAP = re.compile(r"GPU (\d+) has a total capac\w* of " + _SIZE + r" of which " + _SIZE + r" is free")
 OOM_INUSE = re.compile(r"this process has " + _SIZE + r" memory in use")
@@ -457,6 +457,10 @@ def oom_stage(frames: list, iterations_before: int) -> str:
 @dataclass
 class _Stream:
     frames: Optional[list] = None
+    after_frame: bool = False        # the next indented line is the frame's source line
+
+
+_CARETS = re.compile(r"^\s*[\^~]+\s*$")      # Python 3.11+ error-location markers
 
 
 def read_text(path: Path) -> tuple:
@@ -480,7 +484,12 @@ def parse_text(text: str, name: str = "log", path: str = "") -> Run:
     streams: dict = {}
     last_logged = 0
     seen_oom: dict = {}
-    for no, raw in enumerate(text.splitlines(), start=1):
+    # split on "\n" only (not str.splitlines' form feeds and Unicode separators) so line
+    # numbers are the ones an editor shows
+    rows = text.split("\n")
+    if rows and rows[-1] == "":
+        rows.pop()
+    for no, raw in enumerate(rows, start=1):
         stream, rank, line = split_prefix(raw.replace("\r", ""))
         run.lines.append(line)
         st = streams.setdefault(stream, _Stream())
@@ -492,7 +501,11 @@ def parse_text(text: str, name: str = "log", path: str = "") -> Run:
             fm = TB_FRAME.match(line)
             if fm:
                 st.frames.append(Frame(fm.group(1), int(fm.group(2)), fm.group(3)))
+                st.after_frame = True
                 continue
+            if (st.after_frame and line.startswith("    ")) or _CARETS.match(line):
+                continue         # source text shown in a traceback is code, not an event
+            st.after_frame = False
         oom = parse_oom(line, no)
         if oom is not None:
             oom.stream, oom.rank = stream, rank
