@@ -232,3 +232,44 @@ def test_repeated_iteration_lines_count_once():
     lines = [lf.iteration_line(it, 4, 400.0) for it in range(1, 5)]
     s = compare.summarize(logs.parse_lines(lines + lines[2:]), min_steady=3)
     assert s["steady_steps"] == 2 and s["status"] == "incomplete"      # iterations 3 and 4, once each
+
+
+CONFIG_DUMP = """\
+model:
+  _target_: megatron.bridge.models.deepseek.MoonlightModelProvider16B
+  tensor_model_parallel_size: 2
+  pipeline_model_parallel_size: 1
+  expert_model_parallel_size: 8
+  sequence_parallel: true
+  seq_length: {seq}
+  bf16: true
+  params_dtype: !!python/name:torch.bfloat16 ''
+  recompute_granularity: selective
+  recompute_modules: {modules}
+train:
+  micro_batch_size: 1
+  global_batch_size: 4
+  train_iters: 20
+logger:
+  save_config_filepath: runs/{name}/ConfigContainer.yaml
+"""
+
+
+def test_config_dumps_that_differ_only_in_recompute_are_matched(tmp_path):
+    paths = _copy_sweep(tmp_path)
+    for name, mods in (("empty", "[]"), ("moe_act", "[moe_act]")):
+        (tmp_path / name / "ConfigContainer.yaml").write_text(CONFIG_DUMP.format(seq=4096, modules=mods, name=name))
+    runs = [logs.parse_file(p) for p in paths]
+    assert runs[0].config["model.seq_length"] == 4096            # the python tag is read, not executed
+    assert compare.match(runs[1], runs[0]) == []
+
+
+def test_config_dump_with_another_sequence_length_is_unmatched(tmp_path):
+    paths = _copy_sweep(tmp_path)
+    (tmp_path / "empty" / "ConfigContainer.yaml").write_text(CONFIG_DUMP.format(seq=4096, modules="[]", name="e"))
+    (tmp_path / "moe_act" / "ConfigContainer.yaml").write_text(
+        CONFIG_DUMP.format(seq=8192, modules="[moe_act]", name="m"))
+    proc = run_script("compare", *paths, "--json")
+    assert proc.returncode == 1
+    row = next(r for r in json.loads(proc.stdout)["runs"] if r["name"] == "moe_act")
+    assert row["reasons"] == ["config model.seq_length differs: 8192 vs 4096 in the control"]

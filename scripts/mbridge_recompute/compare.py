@@ -43,6 +43,17 @@ _RUN_ONLY_OPTS = {"--recompute_modules", "-rl", "--recompute_num_layers", "-wdj"
                   "--save_config_filepath", "-d", "--dryrun"}
 _RUN_ONLY_FLAGS = {"-d", "--dryrun", "--dry-run", "--detach"}
 _RUN_ONLY_HYDRA = ("model.recompute_", "logger.save_config_filepath", "checkpoint.save")
+# config-dump fields a matched pair must share (leaf names; parallelism, batch, sequence,
+# precision, schedule, and the memory-relevant features around recompute)
+MATCHED_FIELDS = (
+    "tensor_model_parallel_size", "pipeline_model_parallel_size", "virtual_pipeline_model_parallel_size",
+    "context_parallel_size", "expert_model_parallel_size", "expert_tensor_parallel_size", "sequence_parallel",
+    "micro_batch_size", "global_batch_size", "seq_length", "train_iters",
+    "fp8", "fp8_recipe", "fp4", "bf16", "fp16", "params_dtype", "pipeline_dtype",
+    "num_layers", "hidden_size", "num_moe_experts", "use_distributed_optimizer",
+    "cuda_graph_impl", "cuda_graph_scope", "cpu_offloading", "fine_grained_activation_offloading",
+    "overlap_moe_expert_parallel_comm", "moe_token_dispatcher_type",
+)
 
 
 # ---------------------------------------------------------------- per run
@@ -242,6 +253,13 @@ def match(run: Run, control: Run) -> list:
         for k in sorted(set(ea) | set(eb)):
             if ea.get(k) != eb.get(k):
                 reasons.append(f"environment {k} differs: {ea.get(k)} vs {eb.get(k)} in the control")
+    if run.config and control.config:
+        for key in sorted(set(run.config) | set(control.config)):
+            if key.rsplit(".", 1)[-1] not in MATCHED_FIELDS:
+                continue
+            a, b = run.config.get(key, "(absent)"), control.config.get(key, "(absent)")
+            if a != b:
+                reasons.append(f"config {key} differs: {a} vs {b} in the control")
     if run.format != control.format and "unknown" not in (run.format, control.format):
         reasons.append(f"log formats differ: {run.format} vs {control.format}")
     ta, tb = run.target_iterations, control.target_iterations

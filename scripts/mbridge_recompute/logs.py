@@ -110,6 +110,7 @@ _SETUP_FUNCS = {"setup_model_and_optimizer", "get_model", "get_megatron_optimize
                 "setup", "build_model", "_get_megatron_optimizer_based_on_param_groups"}
 
 MANIFEST = "manifest.json"
+CONFIG_DUMP = "ConfigContainer.yaml"     # what the harness passes as --save_config_filepath
 
 
 # ---------------------------------------------------------------- records
@@ -243,6 +244,7 @@ class Run:
     completed: bool = False          # `[after training is done]` seen
     exit_iteration: Optional[int] = None
     manifest: Optional[dict] = None
+    config: Optional[dict] = None    # the run's ConfigContainer.yaml, flattened to dotted keys
     setting: Optional[str] = None
     # every line, prefixes stripped, for diagnose; iteration / Step Time / memory lines are
     # blanked (kept as "" so numbering holds) since no error text lives in them
@@ -586,6 +588,45 @@ def read_manifest(path: Path) -> Optional[dict]:
     return data
 
 
+def _flatten(node, prefix: str = "", out: Optional[dict] = None) -> dict:
+    out = {} if out is None else out
+    if isinstance(node, dict):
+        for k, v in node.items():
+            _flatten(v, f"{prefix}.{k}" if prefix else str(k), out)
+    else:
+        out[prefix] = node
+    return out
+
+
+def read_config_dump(path: Path) -> Optional[dict]:
+    """The `ConfigContainer.yaml` beside the log, flattened; None when absent or unreadable.
+
+    Bridge dumps may carry Python tags; they are read as plain values, not constructed.
+    A dump that cannot be read is skipped (the comparison falls back to manifest and log).
+    """
+    cpath = path.parent / CONFIG_DUMP
+    if not cpath.is_file():
+        return None
+    import yaml
+
+    class _Loader(getattr(yaml, "CSafeLoader", yaml.SafeLoader)):
+        pass
+
+    def _any(loader, suffix, node):
+        if isinstance(node, yaml.MappingNode):
+            return loader.construct_mapping(node, deep=True)
+        if isinstance(node, yaml.SequenceNode):
+            return loader.construct_sequence(node, deep=True)
+        return loader.construct_scalar(node)
+
+    _Loader.add_multi_constructor("", _any)
+    try:
+        data = yaml.load(cpath.read_text(encoding="utf-8", errors="replace"), Loader=_Loader)
+    except (OSError, yaml.YAMLError):
+        return None
+    return _flatten(data) if isinstance(data, dict) else None
+
+
 def manifest_setting(manifest: Optional[dict]) -> Optional[str]:
     """The recompute setting a manifest names, as text (`[]`, `moe_act`, `block:4`, ...)."""
     if not manifest:
@@ -613,6 +654,7 @@ def parse_file(path: str | Path, name: Optional[str] = None) -> Run:
     run = parse_text(text, name=name or run_name(p, manifest), path=str(p))
     run.replaced_bytes = replaced
     run.manifest = manifest
+    run.config = read_config_dump(p)
     run.setting = manifest_setting(manifest)
     return run
 

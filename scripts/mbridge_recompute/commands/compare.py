@@ -30,6 +30,8 @@ definitions:
                  whose peak is at least --min-saving-pct below the control's
   matched        manifests' argv equal apart from recompute/naming flags, equal
                  revisions (`git` or `revisions`) and environment overrides (`env`);
+                 equal parallelism, batch, sequence, precision and schedule fields in
+                 the ConfigContainer.yaml beside each log (when the harness wrote one);
                  from the logs: train iterations, global batch size, theoretical
                  weight+optimizer memory, parameter count, reporting ranks
 
