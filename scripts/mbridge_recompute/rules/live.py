@@ -240,6 +240,9 @@ def check(w, version: Optional[str] = None, te_version: Optional[str] = None) ->
         said = f"megatron-core {installed} TransformerConfig raised {out.exc_type}: {out.exc_message}"
         if cid is None:
             findings.append(_other("mcore-config-error", "error", said, out.exc_message, where))
+            # rule orders are 0.16.1 __post_init__ line numbers: checks above the raising line passed
+            if out.exc_file == "transformer_config.py" and installed == "0.16.1":
+                raised_order = out.exc_line
         else:
             raised_order = builtin.order_of(cid)
             live_ids.add(cid)
