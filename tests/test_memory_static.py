@@ -148,3 +148,18 @@ def test_optimizer_bytes_per_param_knob_replaces_adam_fp32_states():
     assert bf16_moments * 12 == pytest.approx(adam * 8, abs=12)
     assert any("8 bytes per parameter" in a
                for a in estimate(w, Knobs(optimizer_bytes_per_param=8)).assumptions)
+
+
+def test_estimate_is_plain_data_with_sentences_for_assumptions():
+    import json
+    w = deepseek_v3(tensor_model_parallel_size=2, sequence_parallel=True,
+                    pipeline_model_parallel_size=4, expert_model_parallel_size=8, num_gpus=256,
+                    fp8="hybrid", fp8_recipe="blockwise")
+    est = estimate(w)
+    data = json.loads(json.dumps(est.as_dict()))
+    assert [r["pp_rank"] for r in data["ranks"]] == [0, 1, 2, 3]
+    assert data["hottest_pp_rank"] == est.hottest.pp_rank
+    assert {"attn+mlp", "attn+moe"} == set(data["per_layer"])
+    assert all(isinstance(a, str) and a.endswith(".") for a in est.assumptions)
+    assert any("load-imbalance" in a for a in est.assumptions)
+    assert any("FP8" in a for a in est.assumptions)

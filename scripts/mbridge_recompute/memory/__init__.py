@@ -6,6 +6,23 @@ Public API:
                                                              one per recompute label of the target version,
                                                              saving vs the selective [] control
     replay_cost_pct(w, knobs=DEFAULT_KNOBS) -> float           replayed forward work as % of the step
+
+How it is built (one module per job):
+    shape.py      the per-rank dimensions read from a Workload (frozen, so results cache)
+    tensors.py    saved tensors of one layer per block type (attention GQA/MLA, MLP, MoE, Mamba,
+                  GatedDeltaNet) under selective labels, tensor by tensor, TE and local specs
+    recompute.py  which labels are in force; full recompute groups per model chunk
+    schedule.py   layer placement over PP/VPP chunks; in-flight micro-batches in MCore's order
+    static.py     parameters per rank; weights, gradients, optimizer, fp8 copies, residual
+    peak.py       per-rank peak = static + worst in-flight saved activations + largest transient
+    effects.py    per-label saving, applicability and reason
+    cost.py       replayed FLOPs (+ communication, memory-bound kernels) as % of the step
+    paper.py      Korthikanti et al. 2022 as a workload (reproduces Table 2 to the byte)
+    measure.py    GPU harness: bytes real megatron-core layers keep, next to the prediction
+    worked.py     worked per-layer numbers for the reference shapes
+
+Every modelled quantity a Workload does not hold is a `Knobs` field with a stated default,
+and every assumption is returned as a sentence in `MemoryEstimate.assumptions`.
 """
 
 from mbridge_recompute.memory.types import (DEFAULT_KNOBS, PAPER_KNOBS, Knobs, LabelEffect,

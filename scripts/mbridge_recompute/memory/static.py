@@ -47,8 +47,8 @@ def _attention_parts(sh: Shape) -> list:
                   Part("kv up-projection", sh.kv_lora * a * (sh.dqk + sh.dv), "tp", True),
                   Part("output projection", a * sh.dv * h, "tp", True)]
     else:
-        g = sh.g
-        parts += [Part("qkv projection", h * (a + 2 * g) * d + (bias and (a + 2 * g) * d), "tp", True),
+        qkv = (a + 2 * sh.g) * d
+        parts += [Part("qkv projection", h * qkv + (qkv if bias else 0), "tp", True),
                   Part("output projection", a * d * h, "tp", True)]
         if bias:
             parts.append(Part("output projection bias", h, "rep", False))
