@@ -68,8 +68,8 @@ def test_first_failing_config_rule_decides_when_several_fail(results):
     by_name = {r.name: r for r in results}
     r = by_name["v fp8 delayed + cpu offload + sel (order)"]
     assert r.live[1] == "cpu-offloading-with-recompute"
-    w = differential.workload(dict(differential.VARIATION_CASES[[n for n, _, _ in
-                                   differential.VARIATION_CASES].index(r.name)][1]))
+    overrides = {n: o for n, o, _ in differential.CASES}[r.name]
+    w = differential.workload(overrides)
     ids = [f["id"] for f in builtin.evaluate(w, "0.16.1").findings if f["severity"] == "error"]
     assert "cpu-offloading-with-recompute" in ids and "fp8-delayed-moe-act-layernorm" in ids
 
