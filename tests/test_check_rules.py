@@ -388,3 +388,37 @@ def test_bridge_validation_degrades_to_an_info_finding_when_bridge_is_not_import
     report = live_check(wl(**sel()))
     f = one(report, "bridge-validation-unavailable")
     assert f["severity"] == "info" and report["ok"] is True
+
+
+# ------------------------------------------------------------------ main (Megatron-LM d98e8a6)
+OFFLOAD_MOE = dict(fine_grained_activation_offloading=True, offload_modules=["moe_act"])
+EPO_FULL = {**EPO, **MOE}
+
+
+@pytest.mark.parametrize("case, overrides, expected", [
+    ("#28 gdn_norm_out without GDN", sel("gdn_norm_out"), ("reject", "gdn-norm-out-needs-gdn", "ValueError")),
+    ("#29 gdp_in_proj", sel("gdp_in_proj"), ("accept", None, None)),
+    ("#30 gdp_qkv", sel("gdp_qkv"), ("accept", None, None)),
+    ("#31 mhc without mHC", sel("mhc"), ("reject", "mhc-needs-mhc-connections", "ValueError")),
+    ("#56 offload moe_act + moe", {**sel("moe"), **MOE, "moe_grouped_gemm": True, **OFFLOAD_MOE},
+     ("reject", "moe-recompute-with-offloaded-moe-internals", "AssertionError")),
+    ("#61 fp8 tensorwise layernorm, no TE", {**sel("layernorm"), "fp8": "hybrid", "fp8_recipe": "tensorwise"},
+     ("reject", "fp8-moe-act-layernorm-needs-te-2-6", "ValueError")),
+    ("#65 fp8 MoE, no TE", {"fp8": "e4m3", **MOE}, ("reject", "moe-fp8-needs-te-1-7", "ValueError")),
+    ("#68 local full_iteration scope + full", {**full(), "cuda_graph_impl": "local",
+                                                "cuda_graph_scope": ["full_iteration"]}, ("accept", None, None)),
+    ("#69 impl full_iteration + full", {**full(), "cuda_graph_impl": "full_iteration"}, ("accept", None, None)),
+    ("#81 EP overlap + moe", {**sel("moe"), **EPO_FULL},
+     ("reject", "ep-overlap-with-moe-recompute", "AssertionError")),
+])
+def test_builtin_predicts_the_reference_main_column(case, overrides, expected):
+    """The reference matrix's main (d98e8a6) column, checked on CPU without TE upstream."""
+    ev = builtin.evaluate(wl(**overrides), "main", assume_te_absent=True)
+    assert ev.verdict() == expected, case
+
+
+def test_mhc_rules_apply_to_main_only():
+    mixed = wl(**sel("mhc", "mlp"), extra_model={"enable_mhc_connections": True})
+    assert "mhc-with-mlp" in ids(check(mixed, version="main"), "error")
+    assert check(wl(**sel("mhc"), extra_model={"enable_mhc_connections": True}), version="main")["ok"]
+    assert "modules-invalid-label" in ids(check(wl(**sel("mhc"))), "error")   # not a 0.16.1 label

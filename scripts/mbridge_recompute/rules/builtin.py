@@ -367,6 +367,19 @@ def _te_gate(s: State, minimum: str, what: str) -> Optional[Hit]:
     return Hit(f"{what} needs Transformer Engine >= {minimum}, have {s.te_shown()}")
 
 
+@rule("mhc-needs-mhc-connections", order=1266.5, raises="ValueError")
+def _mhc_needs(s: State):
+    # main tc:2028-2051 @ d98e8a6; the field is not in 0.16.1, so it arrives via extra_model
+    if s.selective("mhc") and not s.extra.get("enable_mhc_connections", False):
+        return Hit("mhc without enable_mhc_connections")
+
+
+@rule("mhc-with-mlp", order=1266.6, raises="ValueError")
+def _mhc_mlp(s: State):
+    if s.selective("mhc") and s.selective("mlp") and s.extra.get("enable_mhc_connections", False):
+        return Hit("mhc together with mlp")
+
+
 @rule("moe-layer-recompute-deprecated", order=1255)
 def _moe_layer_recompute_deprecated(s: State):
     if not s.w.moe_layer_recompute:
@@ -736,7 +749,9 @@ def _moe_tp_sp(s: State):
 def _label_needs_te(s: State):
     if s.assume_te_absent or not s.te_absent:
         return None   # only when the user states TE is absent on the training nodes
-    hit = s.selective("layernorm", "moe_act")
+    te_labels = ("layernorm", "moe_act") if s.version == "0.16.1" else \
+        ("layernorm", "moe_act", "gdn_norm_out", "gdp_qkv", "mhc")
+    hit = s.selective(*te_labels)
     if hit:
         return Hit(f"{_fmt(hit)} needs Transformer Engine at runtime (CheckpointWithoutOutput calls "
                    "FP8GlobalStateManager even in bf16); te_version says it is absent")
