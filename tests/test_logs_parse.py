@@ -14,7 +14,7 @@ FIXTURES = ROOT / "tests" / "fixtures" / "logs"
 sys.path.insert(0, str(FIXTURES))
 
 import logformat as lf  # noqa: E402
-from mbridge_recompute import logs  # noqa: E402
+from mbridge_recompute import logs, oom  # noqa: E402
 from mbridge_recompute.errors import InputError  # noqa: E402
 
 
@@ -150,7 +150,7 @@ def test_optimizer_initialised_needs_iteration_2():
 
 def test_oom_numbers_are_parsed_in_bytes():
     msg = lf.oom_message(2 * lf.GIB, 79.11 * lf.GIB, 1.1 * lf.GIB, 71.4 * lf.GIB, 5.6 * lf.GIB, gpu=3)
-    ev = logs.parse_oom(msg)
+    ev = oom.parse_oom(msg)
     assert ev.gpu == 3
     assert ev.requested == 2 * 2**30
     assert ev.capacity == pytest.approx(79.11 * 2**30)
@@ -161,23 +161,23 @@ def test_oom_numbers_are_parsed_in_bytes():
 
 
 def test_oom_units_mib_and_bytes_and_legacy_wording():
-    ev = logs.parse_oom("torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 20.00 MiB. GPU 0 has a "
+    ev = oom.parse_oom("torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 20.00 MiB. GPU 0 has a "
                         "total capacity of 8.00 GiB of which 0 bytes is free. Of the allocated memory 7.51 GiB is "
                         "allocated by PyTorch, and 15.90 MiB is reserved by PyTorch but unallocated.")
     assert ev.requested == 20 * 2**20 and ev.free == 0 and ev.reserved_unallocated == pytest.approx(15.9 * 2**20)
-    old = logs.parse_oom("RuntimeError: CUDA out of memory. Tried to allocate 36.00 MiB (GPU 0; 7.93 GiB total "
+    old = oom.parse_oom("RuntimeError: CUDA out of memory. Tried to allocate 36.00 MiB (GPU 0; 7.93 GiB total "
                          "capacity; 130.35 MiB already allocated; 47.06 MiB free; 188.00 MiB reserved in total by "
                          "PyTorch)")
     assert old.capacity == pytest.approx(7.93 * 2**30)
     assert old.reserved_unallocated == pytest.approx((188.0 - 130.35) * 2**20)
-    other = logs.parse_oom(lf.oom_message(2**30, 80 * 2**30, 2**28, 60 * 2**30, 2**28).replace(
+    other = oom.parse_oom(lf.oom_message(2**30, 80 * 2**30, 2**28, 60 * 2**30, 2**28).replace(
         "Including non-PyTorch", "Process 4242 has 9.50 GiB memory in use. Including non-PyTorch"))
     assert other.other_processes == pytest.approx(9.5 * 2**30)
 
 
 def test_source_line_mentioning_oom_is_not_an_oom():
-    assert logs.parse_oom("    except torch.cuda.OutOfMemoryError:") is None
-    assert logs.parse_oom("torch.OutOfMemoryError: CUDA out of memory.") is not None
+    assert oom.parse_oom("    except torch.cuda.OutOfMemoryError:") is None
+    assert oom.parse_oom("torch.OutOfMemoryError: CUDA out of memory.") is not None
 
 
 @pytest.mark.parametrize("fixture,stage,iteration", [

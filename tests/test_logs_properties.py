@@ -13,7 +13,7 @@ from conftest import ROOT
 sys.path.insert(0, str(ROOT / "tests" / "fixtures" / "logs"))
 
 import logformat as lf  # noqa: E402
-from mbridge_recompute import compare, diagnose, logs  # noqa: E402
+from mbridge_recompute import compare, diagnose, logs, oom  # noqa: E402
 
 FAST = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
@@ -113,7 +113,7 @@ def test_iteration_line_round_trips(it, ms):
 @given(st.integers(min_value=0, max_value=2**41), st.sampled_from([0, 1, 7]))
 def test_oom_sizes_round_trip_through_the_pytorch_format(nbytes, gpu):
     msg = lf.oom_message(nbytes, 80 * lf.GIB, nbytes // 3, 70 * lf.GIB, nbytes // 2, gpu=gpu)
-    ev = logs.parse_oom(msg)
+    ev = oom.parse_oom(msg)
     assert ev.gpu == gpu
     # format_size keeps two decimals of the chosen unit
     assert abs(ev.requested - nbytes) <= max(0.005 * 2**30, 0.005 * nbytes) or nbytes <= 1024

@@ -34,7 +34,8 @@ from __future__ import annotations
 from typing import Optional
 
 from mbridge_recompute import signatures
-from mbridge_recompute.logs import EXC_LINE, GIB, OOMEvent, Run
+from mbridge_recompute.logs import EXC_LINE, Run
+from mbridge_recompute.oom import GIB, OOMEvent
 
 RESERVED_OVER_ALLOCATED = 1.10      # "reserved >> allocated" in a memory report
 NEAR_CAPACITY = 0.85                 # allocated by PyTorch / capacity
