@@ -1,4 +1,4 @@
-"""The model's per-label peak deltas against the published Moonlight 16B H100 sweep.
+"""The model's per-label peak deltas against the published Moonlight 16B and Nemotron 3 Nano sweeps.
 
 Published (references: evidence.md section 1; Bridge 600d069, Megatron-Core 24bad8e; 8 x H100,
 seq 4096, MBS 1, TP 2 + SP, EP 8, DP 4; selective modules only changed; decimal GB):
@@ -50,3 +50,27 @@ def test_mla_up_proj_and_moe_act_save_about_the_same_as_measured(moonlight):
     """Measured 0.716 vs 0.677 GB (ratio 1.06): the two cheapest real savings are of one size."""
     ratio = _delta(moonlight, ["mla_up_proj"]) / _delta(moonlight, ["moe_act"])
     assert 0.85 < ratio < 1.25
+
+
+# --- Nemotron 3 Nano, 16 x H100 (evidence.md section 2) ------------------------------------
+# moe + layernorm vs moe: 63.639 vs 64.653 GB after iteration 2 (-1.014 GB); moe_act vs []:
+# -4.194 GB at the matched point after iteration 1.
+
+@pytest.fixture(scope="module")
+def nemotron():
+    w = load_workload(str(EXAMPLES / "nemotron_3_nano.yaml"))
+    return w.replace(extra_model={**w.extra_model, "use_fused_weighted_squared_relu": True})
+
+
+def test_layernorm_on_top_of_moe_saves_the_pre_mlp_norm_output(nemotron):
+    """moe + layernorm also discards the MoE input (pre-MLP norm output, 2hTr) and its rsigma
+    (4Tr): 23 MoE layers x (2*2688 + 4) x 8192 bytes = 1.014 GB, as measured."""
+    delta = _delta(nemotron, ["moe", "layernorm"]) - _delta(nemotron, ["moe"])
+    assert delta == pytest.approx(-1.014, rel=0.02)
+
+
+def test_moe_act_saves_one_copy_of_the_expert_activation_output(nemotron):
+    """With the fused weighted squared-ReLU the experts keep fc1's output and the activation
+    output (fc2's input); moe_act drops the latter: 23 x 2 x 1856 x (6 x 8192) = 4.20 GB,
+    measured 4.194 GB."""
+    assert _delta(nemotron, ["moe_act"]) == pytest.approx(-4.194, rel=0.02)

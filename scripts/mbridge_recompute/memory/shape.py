@@ -44,6 +44,7 @@ class Shape:
     act: str
     bias_act_fusion: bool
     te_act_func: bool
+    fused_sq_relu: bool    # use_fused_weighted_squared_relu (MoE experts)
     act_fp8_store: bool
     add_bias: bool
     # moe
@@ -189,6 +190,7 @@ def shape_of(w, knobs) -> Shape:
         f=w.ffn, gated=bool(w.gated_linear_unit), act=w.activation_func,
         bias_act_fusion=bool(_extra(w, "bias_activation_fusion", False)),
         te_act_func=bool(_extra(w, "use_te_activation_func", False)),
+        fused_sq_relu=bool(_extra(w, "use_fused_weighted_squared_relu", False)),
         act_fp8_store=bool(w.activation_func_fp8_input_store), add_bias=bool(w.add_bias_linear),
         E=w.num_moe_experts or 0, k=w.moe_router_topk,
         f_e=w.moe_ffn_hidden_size or w.ffn,

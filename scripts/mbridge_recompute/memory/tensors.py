@@ -39,8 +39,9 @@ def _act_saved(sh: Shape, width: float, tokens: float, *, weighted: bool = False
     e = sh.elt
     out = []
     fusable = sh.act in ("silu", "gelu", "quick_gelu") if sh.gated else sh.act == "gelu"
-    if weighted and sh.act == "squared_relu" and not sh.gated:
-        fusable = False
+    if weighted and sh.act == "squared_relu" and not sh.gated and sh.fused_sq_relu:
+        # weighted_squared_relu keeps its input and the probs (fused_weighted_squared_relu.py:74)
+        return [Saved("fc1 output (activation input)", "", e * width * tokens)]
     if sh.te_act_func and not weighted:
         out.append(Saved("fc1 output (activation input)", "", e * width * tokens))
     elif sh.bias_act_fusion and fusable:
