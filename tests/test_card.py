@@ -451,3 +451,34 @@ def test_skill_known_limitations_are_the_card_limitations():
 def test_limitation_check_fails_when_one_drifts():
     drifted = SKILL.read_text().replace("none of it ranks labels in general", "it ranks labels", 1)
     assert len(limitation_mismatches(drifted, card.load())) == 2
+
+
+# ---------------------------------------------------------------- labels reference
+
+def labels_reference_sets(text: str) -> dict[str, set]:
+    """{version: labels} from references/labels.md's 'Which labels exist' table."""
+    lines = text.splitlines()
+    start = lines.index("## Which labels exist")
+    rows = parse_table(lines, start)
+    sets: dict[str, set] = {}
+    for row in rows:
+        version = row["version"].split()[0]
+        names = set(re.findall(r"`([a-z_]+)`", row["accepted labels"]))
+        if "the 0.16.1 set" in row["accepted labels"]:
+            names |= sets["0.16.1"]
+        sets[version] = names
+    return sets
+
+
+def test_labels_reference_lists_the_card_label_sets():
+    sets = labels_reference_sets((ROOT / "references" / "labels.md").read_text())
+    data = card.load()
+    for version in data["versions"]:
+        assert sets[version] == {e["label"] for e in data["labels"] if version in e["versions"]}, version
+
+
+def test_labels_reference_check_fails_when_a_label_drifts():
+    text = (ROOT / "references" / "labels.md").read_text()
+    drifted = text.replace("`gdp_qkv`, `mhc` | tc:1944-1962 @ main", "`gdp_qkv` | tc:1944-1962 @ main", 1)
+    assert drifted != text
+    assert "mhc" not in labels_reference_sets(drifted)["main"]
