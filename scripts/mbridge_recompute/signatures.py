@@ -155,13 +155,6 @@ RUNTIME: tuple = (
          "drop shared_experts from recompute_modules, or keep shared experts out of the local CUDA graph",
          "transformer/transformer_config.py:2908-2927 @ main (d98e8a6)"),
     # ---- mhc (Megatron-LM main only)
-    _sig("mhc-needs-connections", "config", "'mhc' in recompute_modules requires enable_mhc_connections=True.",
-         "set enable_mhc_connections=true or drop mhc from recompute_modules",
-         "transformer/transformer_config.py:2028-2051 @ main (d98e8a6)"),
-    _sig("mhc-with-mlp", "config",
-         "'mhc' and 'mlp' in recompute_modules cannot be used together. They use different checkpoint "
-         "mechanisms that may conflict.", "recompute either mhc or mlp, not both",
-         "transformer/transformer_config.py:2028-2051 @ main (d98e8a6)"),
     _sig("mhc-layer-num", "config",
          "mhc_recompute_layer_num must be a positive integer when 'mhc' is in recompute_modules.",
          "set mhc_recompute_layer_num >= 1", "transformer/transformer_config.py:2028-2051 @ main (d98e8a6)"),
