@@ -168,7 +168,9 @@ def test_runtime_table_does_not_repeat_a_card_message():
     # facts live once: no runtime entry matches a message the card already carries
     line_sigs = tuple(s for s in signatures.RUNTIME if not (s.exc_type or s.frames))
     for c in CARD_MESSAGES:
-        assert signatures.match_line(_filled(c["message"]), line_sigs) is None, c["id"]
+        hit = signatures.match_line(_filled(c["message"]), line_sigs)
+        assert hit is None, (f"signatures.RUNTIME entry {hit.id!r} repeats card constraint {c['id']!r}: "
+                             "delete the entry (diagnose already answers with the card's)")
 
 
 def test_a_message_the_card_carries_is_matched_through_the_card(monkeypatch):
