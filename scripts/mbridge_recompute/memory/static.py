@@ -140,8 +140,14 @@ def local_count(sh: Shape, part: Part) -> float:
     return part.count
 
 
-def rank_params(sh: Shape, kinds: list, first_stage: bool, last_stage: bool,
+def rank_params(sh: Shape, kinds, first_stage: bool, last_stage: bool,
                 tied: bool, p: int) -> RankParams:
+    return _rank_params(sh, tuple(kinds), first_stage, last_stage, tied, p)
+
+
+@lru_cache(maxsize=4096)
+def _rank_params(sh: Shape, kinds: tuple, first_stage: bool, last_stage: bool,
+                 tied: bool, p: int) -> RankParams:
     dense = expert = linear = 0.0
     for kind in kinds:
         for part in layer_parts(sh, kind):
