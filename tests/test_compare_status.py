@@ -273,3 +273,12 @@ def test_config_dump_with_another_sequence_length_is_unmatched(tmp_path):
     assert proc.returncode == 1
     row = next(r for r in json.loads(proc.stdout)["runs"] if r["name"] == "moe_act")
     assert row["reasons"] == ["config model.seq_length differs: 8192 vs 4096 in the control"]
+
+
+def test_logs_with_the_same_file_name_are_named_after_their_directories(tmp_path):
+    for d in ("empty", "moe_act"):
+        (tmp_path / d).mkdir()
+        shutil.copy(FIXTURES / "pass.log", tmp_path / d / "slurm.out")
+    out = json.loads(run_script("compare", tmp_path / "empty" / "slurm.out", tmp_path / "moe_act" / "slurm.out",
+                                "--json").stdout)
+    assert [r["name"] for r in out["runs"]] == ["empty", "moe_act"] and out["control"] == "empty"

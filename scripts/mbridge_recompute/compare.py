@@ -290,6 +290,7 @@ def compare(runs: list, control_name: Optional[str] = None, steady_from: Optiona
             fraction: float = 0.5, min_steady: Optional[int] = None, min_saving_pct: float = 0.5) -> dict:
     if not runs:
         raise InputError("LOG", "no logs given")
+    _disambiguate(runs)
     names = [r.name for r in runs]
     dupes = sorted({n for n in names if names.count(n) > 1})
     if dupes:
@@ -317,6 +318,18 @@ def compare(runs: list, control_name: Optional[str] = None, steady_from: Optiona
         "narrowest_reason": why,
         "unmatched": [r["name"] for r in rows if not r["matched"]],
     }
+
+
+def _disambiguate(runs: list) -> None:
+    """Runs whose logs share a stem (runs/a/log.out, runs/b/log.out) take their directory's name."""
+    from pathlib import Path
+
+    names = [r.name for r in runs]
+    for r in runs:
+        if names.count(r.name) > 1 and r.path and not (r.manifest or {}).get("name"):
+            parent = Path(r.path).parent.name
+            if parent and names.count(parent) == 0:
+                r.name = parent
 
 
 def _deltas(row: dict, run: Run, control: Run, csum: dict) -> None:
