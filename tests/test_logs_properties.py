@@ -117,3 +117,25 @@ def test_oom_sizes_round_trip_through_the_pytorch_format(nbytes, gpu):
     assert ev.gpu == gpu
     # format_size keeps two decimals of the chosen unit
     assert abs(ev.requested - nbytes) <= max(0.005 * 2**30, 0.005 * nbytes) or nbytes <= 1024
+
+
+@st.composite
+def interleaved_tracebacks(draw):
+    msg = lambda gpu, alloc: lf.oom_message(lf.GIB, 80 * lf.GIB, 0.2 * lf.GIB, alloc * lf.GIB, 0.1 * lf.GIB, gpu=gpu)  # noqa: E731
+    streams = {3: lf.traceback(lf.BACKWARD, msg(3, 70)), 5: lf.traceback(lf.FORWARD, msg(5, 71)),
+               7: [lf.iteration_line(1, 20, 4000.0)]}
+    style = draw(st.sampled_from(["[default{}]:", "[rank{}]: ", "{}: "]))
+    first = [style.format(7) + streams.pop(7)[0]]          # iteration 1 was logged before either OOM
+    out = []
+    while any(streams.values()):
+        r = draw(st.sampled_from(sorted(r for r, s in streams.items() if s)))
+        out.append(style.format(r) + streams[r].pop(0))
+    return first + out
+
+
+@FAST
+@given(interleaved_tracebacks())
+def test_interleaved_tracebacks_keep_each_ranks_stage(lines):
+    run = logs.parse_lines(lines)
+    assert {o.rank: o.stage for o in run.ooms} == {3: "backward", 5: "forward"}
+    assert {o.rank: o.iteration for o in run.ooms} == {3: 2, 5: 2}
