@@ -176,3 +176,12 @@ def test_real_backward_oom_is_read_from_the_autograd_frames():
     f = findings("real_oom_backward.log")[0]
     assert (f["kind"], f["stage"]) == ("activations", "backward")
     assert "exceeds all the memory this process may use" in f["evidence"]
+
+
+def test_a_harness_run_directory_is_read_through_its_log_txt():
+    from conftest import EXAMPLES
+
+    proc = run_script("diagnose", EXAMPLES / "logs" / "nemotron3nano" / "moe_act", "--json")
+    assert proc.returncode == 0, proc.stderr
+    f = json.loads(proc.stdout)["findings"][0]
+    assert (f["kind"], f["stage"], f["iteration"]) == ("activations", "forward", 2)

@@ -30,7 +30,8 @@ exit status:
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("log", nargs="?", metavar="LOG", help="training log ('-' reads stdin)")
+    p.add_argument("log", nargs="?", metavar="LOG",
+                   help="training log, a harness run directory (its log.txt), or '-' for stdin")
     p.add_argument("--message", metavar="TEXT", help="an error message or traceback to classify")
     p.add_argument("--json", action="store_true", help="print one JSON object")
 
@@ -50,7 +51,10 @@ def run(args) -> int:
         texts.append(data.decode("utf-8", errors="replace"))
         name = "stdin"
     elif args.log is not None:
-        text, _ = logs.read_text(Path(args.log))
+        path = Path(args.log)
+        if path.is_dir() and (path / "log.txt").is_file():   # a harness run directory
+            path = path / "log.txt"
+        text, _ = logs.read_text(path)
         texts.append(text)
         name = args.log
     if args.message is not None:
