@@ -185,3 +185,10 @@ def test_a_harness_run_directory_is_read_through_its_log_txt():
     assert proc.returncode == 0, proc.stderr
     f = json.loads(proc.stdout)["findings"][0]
     assert (f["kind"], f["stage"], f["iteration"]) == ("activations", "forward", 2)
+
+
+def test_oom_in_a_later_optimizer_step_is_static():
+    lines = [lf.iteration_line(it, 20, 500.0) for it in (1, 2, 3)]
+    lines += lf.traceback(lf.OPTIMIZER_STEP, lf.oom_message(GIB, CAP, 0.3 * GIB, 77 * GIB, 0.2 * GIB))
+    f = diagnose.diagnose(logs.parse_lines(lines))["findings"][0]
+    assert (f["kind"], f["stage"], f["iteration"]) == ("static", "optimizer-step", 4)

@@ -9,9 +9,10 @@ OOM rules, in the order the findings are reported (thresholds are constants belo
    (`PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True`) and re-measure before
    adding any recompute: recompute trades step time for memory the allocator
    may simply be wasting.
-2. **static** -- the OOM happened while building the model/optimizer, in the
-   first optimizer step (where Adam's state is created), or before any forward
-   ran: weights, gradients and optimizer state do not shrink with recompute.
+2. **static** -- the OOM happened while building the model/optimizer or in an
+   optimizer step (the first one creates Adam's state; any step runs after
+   backward has freed the activations): weights, gradients and optimizer state
+   do not shrink with recompute.
 3. **activations** -- the OOM happened in a forward or backward (a recompute
    replay runs in backward) and is not explained by fragmentation alone, or the
    run got past iteration 1 (static memory is all in place by then). Next: `plan`.
@@ -40,7 +41,9 @@ from mbridge_recompute.oom import GIB, OOMEvent
 RESERVED_OVER_ALLOCATED = 1.10      # "reserved >> allocated" in a memory report
 NEAR_CAPACITY = 0.85                 # allocated by PyTorch / capacity
 NON_PYTORCH_SHARE = 0.05             # memory outside PyTorch worth mentioning
-STATIC_STAGES = ("setup", "optimizer-state-init")
+# the optimizer step runs after backward has released the activations: an OOM there is
+# weights, gradients, optimizer state and the step's own buffers
+STATIC_STAGES = ("setup", "optimizer-state-init", "optimizer-step")
 ACTIVATION_STAGES = ("first-forward", "forward", "backward")
 EXPLAINING_KINDS = ("fragmentation", "activations", "static")
 
@@ -118,7 +121,7 @@ def classify_oom(run: Run, oom: OOMEvent) -> list:
         share += f"; the single {_gib(oom.requested)} request exceeds all the memory this process may use"
     if oom.stage in STATIC_STAGES:
         out.append(("static", base + f"; failed in {oom.stage}, before activations matter" + share))
-    elif oom.stage in ACTIVATION_STAGES or oom.stage == "optimizer-step" or oom.iteration >= 2:
+    elif oom.stage in ACTIVATION_STAGES or oom.iteration >= 2:
         if not frag or near:
             why = f"failed in the {oom.stage}" if oom.stage != "unknown" else \
                 f"failed after iteration {oom.iteration - 1} completed (static memory was in place)"
