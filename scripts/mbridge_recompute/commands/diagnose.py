@@ -14,8 +14,9 @@ EPILOG = """\
 kinds:
   fragmentation  reserved-but-unallocated >= the failed request (or max reserved >= 1.10 x
                  max allocated): set PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True first
-  static         OOM while building the model/optimizer or in the first optimizer step:
-                 recompute will not help (distributed optimizer, more DP/PP/EP, ...)
+  static         OOM while building the model/optimizer or in an optimizer step (the
+                 first one creates Adam's state): recompute will not help (distributed
+                 optimizer, more DP/PP/EP, precision-aware optimizer, ...)
   activations    OOM in a forward or backward: run plan.py for a recompute boundary
   config         a configuration rule (card constraint id and its fix)
   runtime        a failure raised while training (missing Transformer Engine, uniform
