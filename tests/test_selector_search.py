@@ -170,3 +170,17 @@ def test_when_nothing_needs_recompute_the_sweep_is_the_control_alone(moonlight):
     r = selector.plan(moonlight, budget_gb=1000.0)
     assert r["recommendation"]["recompute_granularity"] is None and r["recommendation"]["fits"]
     assert r["harness_candidates"] == ["[]"]
+
+
+def test_a_label_rejected_on_its_own_is_not_combined(moonlight):
+    """A TE CUDA graph of the MoE router forbids whole-`moe` recompute (tc:2613-2680 @ core_v0.16.1):
+    the memory model still counts `moe`'s saving, the checker rejects it, and no set holds it."""
+    w = moonlight.replace(cuda_graph_impl="transformer_engine", cuda_graph_scope=["moe_router"])
+    r = selector.plan(w)
+    single = next(c for c in r["candidates"] if c["recompute_modules"] == ["moe"])
+    assert not single["allowed"] and "moe-recompute-with-te-moe-router-graph" in single["rejected_by"]
+    combos = [c for c in r["candidates"] if c["recompute_granularity"] == "selective"
+              and "moe" in c["recompute_modules"] and len(c["recompute_modules"]) > 1]
+    assert combos == []
+    assert any("moe: rejected on its own" in a for a in r["assumptions"])
+    assert "moe" not in (r["recommendation"]["recompute_modules"] or [])

@@ -317,8 +317,18 @@ def plan(w, budget_gb: Optional[float] = None, measured_peak_gb: Optional[float]
 
     control_cand = evaluate(w, control, check, baseline_errors)
     labels, dropped = useful_labels(effects, control_cand.model_peak_bytes)
-    settings = [RecomputeSetting.off()] + selective_settings(labels)[1:] + full_settings(w, version)
-    cands = [control_cand] + [evaluate(w, s, check, baseline_errors) for s in settings]
+    # A label the checker rejects on its own is rejected in every set that holds it: keep its
+    # single-label candidate (so the report says why) and leave it out of the combinations.
+    singles = [evaluate(w, RecomputeSetting.selective(lb), check, baseline_errors) for lb in labels]
+    for c in singles:
+        if not c.allowed:
+            dropped.append(f"{c.setting.modules[0]}: rejected on its own by {', '.join(c.rejected_by)}; "
+                           "not combined with other labels")
+    labels = [c.setting.modules[0] for c in singles if c.allowed]
+    single_settings = {c.setting for c in singles}
+    settings = [RecomputeSetting.off()] + [s for s in selective_settings(labels)[1:]
+                                           if s not in single_settings] + full_settings(w, version)
+    cands = [control_cand] + singles + [evaluate(w, s, check, baseline_errors) for s in settings]
 
     calibration = None
     if measured_peak_gb is not None:
