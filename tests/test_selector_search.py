@@ -184,3 +184,12 @@ def test_a_label_rejected_on_its_own_is_not_combined(moonlight):
     assert combos == []
     assert any("moe: rejected on its own" in a for a in r["assumptions"])
     assert "moe" not in (r["recommendation"]["recompute_modules"] or [])
+
+
+def test_static_memory_over_budget_is_diagnosed_as_not_a_recompute_problem():
+    """Llama3 8B with Adam on one GPU holds ~16 bytes per parameter (~128 GB) before any activation."""
+    r = selector.plan(load_workload(model="llama3-8b"))
+    assert r["fits"] is False
+    assert r["diagnosis"].startswith("static memory alone")
+    r = selector.plan(load_workload(model="llama3-8b"), budget_gb=1000.0)
+    assert r["fits"] is True and r["diagnosis"] is None

@@ -293,6 +293,38 @@ def measured_peak_from_compare(path: str) -> float:
     return float(peak)
 
 
+def search(w, effects, control_cand: Candidate, check, baseline_errors: set,
+           version: Optional[str]) -> tuple[list, list, list]:
+    """Evaluate every candidate. Returns (candidates, labels searched, notes on labels left out)."""
+    labels, dropped = useful_labels(effects, control_cand.model_peak_bytes)
+    # A label the checker rejects on its own is rejected in every set that holds it: keep its
+    # single-label candidate (so the report says why) and leave it out of the combinations.
+    singles = [evaluate(w, RecomputeSetting.selective(lb), check, baseline_errors) for lb in labels]
+    for c in singles:
+        if not c.allowed:
+            dropped.append(f"{c.setting.modules[0]}: rejected on its own by {', '.join(c.rejected_by)}; "
+                           "not combined with other labels")
+    labels = [c.setting.modules[0] for c in singles if c.allowed]
+    single_settings = {c.setting for c in singles}
+    settings = [RecomputeSetting.off()] + [s for s in selective_settings(labels)[1:]
+                                           if s not in single_settings] + full_settings(w, version)
+    cands = [control_cand] + singles + [evaluate(w, s, check, baseline_errors) for s in settings]
+    return cands, labels, dropped
+
+
+def diagnose_no_fit(current, rec: Optional[Candidate], budget: int) -> str:
+    """Why nothing fits: static memory alone, or activations recompute cannot shrink enough."""
+    worst = max(current.ranks, key=lambda r: r.static_bytes)
+    if worst.static_bytes > budget:
+        return (f"static memory alone (weights, gradients, optimizer state, residual) is "
+                f"{worst.static_bytes / GB:.2f} GB on pp_rank {worst.pp_rank}, over the "
+                f"{budget / GB:.2f} GB budget: no recompute setting can fit; shard more (TP, PP, EP, "
+                f"the distributed optimizer over more data-parallel ranks) or use more GPUs")
+    return (f"even the lowest-peak candidate ({rec.name if rec else 'none'}) is predicted over the "
+            f"budget; recompute alone is not enough: shorten the sequence, lower the micro-batch, "
+            f"or shard activations further (TP with SP, CP, PP)")
+
+
 # --------------------------------------------------------------------------- the plan
 
 def plan(w, budget_gb: Optional[float] = None, measured_peak_gb: Optional[float] = None,
@@ -316,19 +348,7 @@ def plan(w, budget_gb: Optional[float] = None, measured_peak_gb: Optional[float]
     baseline_errors = {f["id"] for f in baseline["findings"] if f["severity"] == "error"}
 
     control_cand = evaluate(w, control, check, baseline_errors)
-    labels, dropped = useful_labels(effects, control_cand.model_peak_bytes)
-    # A label the checker rejects on its own is rejected in every set that holds it: keep its
-    # single-label candidate (so the report says why) and leave it out of the combinations.
-    singles = [evaluate(w, RecomputeSetting.selective(lb), check, baseline_errors) for lb in labels]
-    for c in singles:
-        if not c.allowed:
-            dropped.append(f"{c.setting.modules[0]}: rejected on its own by {', '.join(c.rejected_by)}; "
-                           "not combined with other labels")
-    labels = [c.setting.modules[0] for c in singles if c.allowed]
-    single_settings = {c.setting for c in singles}
-    settings = [RecomputeSetting.off()] + [s for s in selective_settings(labels)[1:]
-                                           if s not in single_settings] + full_settings(w, version)
-    cands = [control_cand] + singles + [evaluate(w, s, check, baseline_errors) for s in settings]
+    cands, labels, dropped = search(w, effects, control_cand, check, baseline_errors, version)
 
     calibration = None
     if measured_peak_gb is not None:
@@ -384,18 +404,7 @@ def plan(w, budget_gb: Optional[float] = None, measured_peak_gb: Optional[float]
         recommendation["caveat"] = CAVEAT
 
     hottest_now = _hottest(current)
-    if fits:
-        diagnosis = None
-    elif max(r.static_bytes for r in current.ranks) > budget:
-        worst = max(current.ranks, key=lambda r: r.static_bytes)
-        diagnosis = (f"static memory alone (weights, gradients, optimizer state, residual) is "
-                     f"{worst.static_bytes / GB:.2f} GB on pp_rank {worst.pp_rank}, over the "
-                     f"{budget / GB:.2f} GB budget: no recompute setting can fit; shard more (TP, PP, EP, "
-                     f"the distributed optimizer over more data-parallel ranks) or use more GPUs")
-    else:
-        diagnosis = (f"even the lowest-peak candidate ({rec.name if rec else 'none'}) is predicted over the "
-                     f"budget; recompute alone is not enough: shorten the sequence, lower the micro-batch, "
-                     f"or shard activations further (TP with SP, CP, PP)")
+    diagnosis = None if fits else diagnose_no_fit(current, rec, budget)
 
     return {
         "workload": {"num_layers": w.num_layers, "hidden_size": w.hidden_size,
