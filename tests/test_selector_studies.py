@@ -36,6 +36,7 @@ def test_moonlight_core_attn_is_not_worth_searching_under_fused_attention():
     w = load_workload(str(EXAMPLES / "moonlight_16b.yaml"))
     r = selector.plan(w)
     assert not any("core_attn" in (c["recompute_modules"] or []) for c in r["candidates"])
+    assert any(a.startswith("label core_attn: dropped") for a in r["assumptions"])
 
 
 @pytest.fixture(scope="module")

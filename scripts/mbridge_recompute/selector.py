@@ -56,6 +56,7 @@ class Candidate:
     rejected_by: list = field(default_factory=list)     # ids of error findings
     fits: bool = False
     dominated_by: Optional[str] = None
+    rank_peaks: list = field(default_factory=list)      # modelled peak of every PP rank
 
     @property
     def name(self) -> str:
@@ -170,19 +171,21 @@ def _nested() -> dict:
     return {e["label"]: set(e.get("contains") or []) for e in card.load()["labels"]}
 
 
-def useful_labels(effects, control_peak_bytes: int = 0) -> tuple[list[str], list[str]]:
-    """(labels worth searching, notes on the ones dropped)."""
+def applicable_labels(effects) -> tuple[list[str], list[str]]:
+    """(labels that do something on this architecture, notes on the ones that do not)."""
     keep, notes = [], []
-    floor = max(0.0, NEGLIGIBLE_FRACTION * control_peak_bytes)
     for e in effects:
-        if not e.applicable:
-            notes.append(f"{e.label}: not applicable ({e.reason})")
-        elif e.saving_bytes <= floor:
-            notes.append(f"{e.label}: dropped from the search, modelled saving "
-                         f"{e.saving_bytes / GB:+.3f} GB (no-op, negligible or adds memory)")
-        else:
+        if e.applicable:
             keep.append(e.label)
+        else:
+            notes.append(f"{e.label}: not applicable ({e.reason})")
     return keep, notes
+
+
+def best_rank_saving(control: Candidate, single: Candidate) -> int:
+    """The largest saving a label gives on any PP rank. Not only the hottest: a label that helps
+    another rank matters once other labels have lowered the hottest one below it."""
+    return max((c - s for c, s in zip(control.rank_peaks, single.rank_peaks)), default=0)
 
 
 def selective_settings(labels: list[str]) -> list[RecomputeSetting]:
@@ -213,7 +216,8 @@ def evaluate(w, setting: RecomputeSetting, check, baseline_errors: set) -> Candi
     hot = _hottest(est)
     cost = float(memory.replay_cost_pct(ws)) if setting.granularity else 0.0
     cand = Candidate(setting=setting, model_peak_bytes=int(hot.peak_bytes), peak_bytes=int(hot.peak_bytes),
-                     hottest_pp_rank=hot.pp_rank, peak_term=hot.peak_term, cost_pct=cost)
+                     hottest_pp_rank=hot.pp_rank, peak_term=hot.peak_term, cost_pct=cost,
+                     rank_peaks=[int(r.peak_bytes) for r in est.ranks])
     report = check(ws)
     errors = sorted({f["id"] for f in report["findings"] if f["severity"] == "error"} - baseline_errors)
     if errors:
@@ -296,15 +300,26 @@ def measured_peak_from_compare(path: str) -> float:
 def search(w, effects, control_cand: Candidate, check, baseline_errors: set,
            version: Optional[str]) -> tuple[list, list, list]:
     """Evaluate every candidate. Returns (candidates, labels searched, notes on labels left out)."""
-    labels, dropped = useful_labels(effects, control_cand.model_peak_bytes)
-    # A label the checker rejects on its own is rejected in every set that holds it: keep its
-    # single-label candidate (so the report says why) and leave it out of the combinations.
-    singles = [evaluate(w, RecomputeSetting.selective(lb), check, baseline_errors) for lb in labels]
-    for c in singles:
-        if not c.allowed:
-            dropped.append(f"{c.setting.modules[0]}: rejected on its own by {', '.join(c.rejected_by)}; "
+    labels, dropped = applicable_labels(effects)
+    floor = NEGLIGIBLE_FRACTION * control_cand.model_peak_bytes
+    singles, keep = [], []
+    for lb in labels:
+        c = evaluate(w, RecomputeSetting.selective(lb), check, baseline_errors)
+        saving = best_rank_saving(control_cand, c)
+        if saving <= floor:
+            # a no-op, a negligible saving or added memory on every rank: never worth its replay
+            dropped.append(f"{lb}: dropped from the search, modelled saving at most {saving / GB:+.3f} GB "
+                           "on any rank (no-op, negligible or adds memory)")
+            continue
+        singles.append(c)
+        if c.allowed:
+            keep.append(lb)
+        else:
+            # rejected on its own, so in every set that holds it: keep the single (the report
+            # says why) and leave the label out of the combinations
+            dropped.append(f"{lb}: rejected on its own by {', '.join(c.rejected_by)}; "
                            "not combined with other labels")
-    labels = [c.setting.modules[0] for c in singles if c.allowed]
+    labels = keep
     single_settings = {c.setting for c in singles}
     settings = [RecomputeSetting.off()] + [s for s in selective_settings(labels)[1:]
                                            if s not in single_settings] + full_settings(w, version)
