@@ -84,26 +84,18 @@ def test_a_workload_file_overrides_the_catalog_layout(tmp_path):
     assert w.num_layers == 27       # architecture still from the catalog
 
 
-# Checks megatron-core makes by importing a Transformer Engine kernel, not by reading the config:
-# they fail on any machine without TE (this one), whatever the workload says.
-NEEDS_TE_INSTALLED = ("apply_rope_fusion is not available. Please install TE >= 1.4.",)
-
-
 @pytest.mark.mcore
 def test_every_catalog_model_passes_the_installed_transformer_config():
     """The live validator constructs megatron-core's own TransformerConfig for each entry.
 
-    Llama providers turn on apply_rope_fusion, which 0.16.1 accepts only when TE's fused RoPE
-    kernel imports; without TE here that one error is expected and nothing else may fail.
+    Llama providers turn on apply_rope_fusion, whose 0.16.1 check only asks whether TE's fused
+    RoPE kernel imports on the checking machine; the live validator reports it as undecided
+    (info) here, so every entry must come out with no error at all.
     """
     from mbridge_recompute.rules import check_workload
 
     for name in catalog.names():
         report = check_workload(load_workload(model=name), validator="live")
         assert report["validator"] == "live"
-        errors = [f for f in report["findings"] if f["severity"] == "error"
-                  and not any(m in f["message"] for m in NEEDS_TE_INSTALLED)]
+        errors = [f for f in report["findings"] if f["severity"] == "error"]
         assert not errors, (name, errors)
-    llama = load_workload(model="llama3-8b")
-    rope = llama.replace(extra_model={**llama.extra_model, "apply_rope_fusion": False})
-    assert check_workload(rope, validator="live")["ok"]

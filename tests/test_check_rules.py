@@ -422,3 +422,20 @@ def test_mhc_rules_apply_to_main_only():
     assert "mhc-with-mlp" in ids(check(mixed, version="main"), "error")
     assert check(wl(**sel("mhc"), extra_model={"enable_mhc_connections": True}), version="main")["ok"]
     assert "modules-invalid-label" in ids(check(wl(**sel("mhc"))), "error")   # not a 0.16.1 label
+
+
+def test_moe_router_needs_transformer_engine_in_0_16_1():
+    """0.16.1's router gating reads te_general_gemm, undefined without TE (moe_utils.py:1192)."""
+    from mbridge_recompute.loading import load_workload
+    from mbridge_recompute.rules import check_workload
+
+    moe = ["model.num_moe_experts=8", "model.moe_router_topk=2", "model.moe_ffn_hidden_size=1024",
+           "cluster.te_version=none", "model.recompute_modules=[]"]
+    ids = {f["id"] for f in check_workload(load_workload(default=True, sets=moe))["findings"]}
+    assert "moe-router-needs-te" in ids
+    fp64 = moe + ["model.moe_router_dtype=fp64"]
+    ids = {f["id"] for f in check_workload(load_workload(default=True, sets=fp64))["findings"]}
+    assert "moe-router-needs-te" not in ids
+    dense = {f["id"] for f in check_workload(load_workload(
+        default=True, sets=["cluster.te_version=none"]))["findings"]}
+    assert "moe-router-needs-te" not in dense

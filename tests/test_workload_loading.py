@@ -103,3 +103,14 @@ def test_labels_are_checked_against_the_target_version():
         load_workload(default=True, sets=sets, mcore_version="0.16.1")
     w = load_workload(default=True, sets=sets, mcore_version="main")
     assert w.recompute_modules == ["gdn_norm_out"]
+
+
+def test_embedded_default_workload_is_the_llama3_70b_example():
+    """The README's main command runs on the same workload the example file documents."""
+    import yaml
+
+    from mbridge_recompute.loading import DATA
+
+    embedded = yaml.safe_load((DATA / "default_workload.yaml").read_text())
+    example = yaml.safe_load((EXAMPLES / "llama3_70b_fp8.yaml").read_text())
+    assert embedded == example

@@ -764,6 +764,16 @@ def _legacy_grouped(s: State):
         return Hit("moe_act with fp8/fp4 and the legacy GroupedMLP")
 
 
+@rule("moe-router-needs-te")
+def _moe_router_te(s: State):
+    # 0.16.1 only: moe_utils.py:24-39 leaves te_general_gemm undefined without TE and :1192
+    # reads it unless the router runs in fp64 (seen on a GPU with the local spec).
+    if s.version == "0.16.1" and s.w.is_moe and s.te_absent and not s.assume_te_absent \
+            and s.w.moe_router_dtype != "fp64":
+        return Hit("MoE router without Transformer Engine: the gating GEMM raises NameError "
+                   "in the first forward")
+
+
 @rule("cpu-offloading-needs-te")
 def _cpu_off_te(s: State):
     if s.w.cpu_offloading and s.te_absent and not s.assume_te_absent:

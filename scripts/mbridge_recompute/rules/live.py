@@ -96,7 +96,18 @@ def config_kwargs(w) -> tuple:
         kwargs["offload_modules"] = []
     if w.pipeline_model_parallel_size > 1:
         kwargs["pipeline_dtype"] = torch.bfloat16
+    if kwargs.get("apply_rope_fusion") and not te_importable():
+        # This check only asks whether TE's fused RoPE kernel imports on *this* machine
+        # (tc:1544-1552 @ core_v0.16.1); raising here would also hide every later check
+        # (CUDA graphs, EP overlap). Construct without it and say it was not decided.
+        kwargs["apply_rope_fusion"] = False
     return cls, kwargs
+
+
+def te_importable() -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec("transformer_engine") is not None
 
 
 class _LogCapture(logging.Handler):
@@ -271,6 +282,16 @@ def check(w, version: Optional[str] = None, te_version: Optional[str] = None) ->
             f = dict(f, message=f["message"] + " (from the built-in table: megatron-core stopped "
                      "before this check)")
         findings.append(f)
+
+    if w.extra_model.get("apply_rope_fusion") and not te_importable():
+        findings.append(_other(
+            "rope-fusion-not-decided-here", "info",
+            "apply_rope_fusion was not checked: it needs Transformer Engine's fused RoPE kernel, "
+            "which is not installed on this machine (megatron-core would raise 'apply_rope_fusion "
+            "is not available. Please install TE >= 1.4.' here; on the training nodes it passes "
+            "with TE >= 1.4)",
+            "apply_rope_fusion is not available. Please install TE >= 1.4.",
+            "transformer_config.py:1544-1552 @ core_v0.16.1"))
 
     extra = {"mcore_version": installed}
     if bridge_available():
