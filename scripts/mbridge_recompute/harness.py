@@ -131,7 +131,10 @@ def parse_candidates(texts: Sequence[str]) -> list:
 
 
 def candidates_from_plan(path: str, with_control: bool = True, notes: Optional[list] = None) -> list:
-    """The settings a `plan --json` report proposes: its frontier, then its recommendation.
+    """The settings a `plan --json` report proposes.
+
+    Its `harness_candidates` short list when present; otherwise its frontier, then
+    its recommendation.
 
     Entries the plan marks `allowed: false` (a constraint rejects them) are left
     out, each with a line in `notes`.
@@ -148,6 +151,14 @@ def candidates_from_plan(path: str, with_control: bool = True, notes: Optional[l
         raise InputError("--from-plan", f"{path} is not JSON ({exc.msg}, line {exc.lineno})") from None
     if not isinstance(data, dict):
         raise InputError("--from-plan", f"{path}: expected the JSON object of `plan --json`")
+    short = data.get("harness_candidates")
+    if isinstance(short, list) and short and all(isinstance(t, str) for t in short):
+        # the plan's own short list (control, recommendation, its frontier neighbours):
+        # a whole frontier can hold 10-30 points, too many runs for one matched sweep
+        settings = parse_candidates(short)
+        if with_control and RecomputeSetting.selective() not in settings:
+            settings.insert(0, RecomputeSetting.selective())
+        return _unique(settings, "--from-plan")
     entries = list(data.get("frontier") or [])
     if data.get("recommendation"):
         entries.append(data["recommendation"])
