@@ -34,3 +34,15 @@ def test_every_readme_tool_command_exits_0():
                               stdin=subprocess.DEVNULL, timeout=300)
         assert proc.returncode == 0, (argv, proc.stdout[-2000:], proc.stderr[-2000:])
         assert proc.stdout.strip(), argv
+
+
+def test_pip_console_script_runs_the_same_tools():
+    """`pip install -e .` (what tests/run_all.sh does) provides `mbridge-recompute`."""
+    from pathlib import Path
+
+    exe = Path(sys.executable).parent / "mbridge-recompute"
+    assert exe.exists(), "install the package (pip install -e .) into this interpreter's environment"
+    proc = subprocess.run([str(exe), "config", "--modules", "moe_act", "--format", "overrides"],
+                          capture_output=True, text=True, stdin=subprocess.DEVNULL, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert "model.recompute_modules=[moe_act]" in proc.stdout
