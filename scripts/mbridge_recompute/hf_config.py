@@ -72,12 +72,9 @@ GATED_GELU_MODEL_TYPES = {"gemma", "gemma2", "gemma3", "gemma3_text"}
 
 def _read(path: Path) -> dict:
     where = "--hf-config"
-    try:
-        text = Path(path).read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise InputError(where, f"no such file: {path}") from None
-    except (OSError, UnicodeDecodeError) as exc:
-        raise InputError(where, f"cannot read {path}: {exc.__class__.__name__}") from None
+    from mbridge_recompute.loading import read_text
+
+    text = read_text(path, where)
     try:
         data = json.loads(text)
     except json.JSONDecodeError as exc:

@@ -167,15 +167,20 @@ def _activation_name(value: Any, where: str) -> str:
 
 
 # ---------------------------------------------------------------- sources
-def _read_yaml(path: Path, where: str) -> dict:
-    import yaml  # light; imported only when a file is read
-
+def read_text(path, where: str) -> str:
+    """A user's input file as text, or InputError naming `where`."""
     try:
-        text = path.read_text(encoding="utf-8")
+        return Path(path).read_text(encoding="utf-8")
     except FileNotFoundError:
         raise InputError(where, f"no such file: {path}") from None
     except (OSError, UnicodeDecodeError) as exc:
         raise InputError(where, f"cannot read {path}: {exc.__class__.__name__}") from None
+
+
+def _read_yaml(path: Path, where: str) -> dict:
+    import yaml  # light; imported only when a file is read
+
+    text = read_text(path, where)
     try:
         data = yaml.safe_load(text)
     except yaml.YAMLError as exc:
@@ -366,12 +371,11 @@ def validate(w: Workload, version: str) -> None:
 
 
 def read_json(path: str, where: str) -> Any:
+    text = read_text(path, where)
     try:
-        return json.loads(Path(path).read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise InputError(where, f"no such file: {path}") from None
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise InputError(where, f"cannot read {path} as JSON: {exc.__class__.__name__}") from None
+        return json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise InputError(where, f"{path} is not valid JSON (line {exc.lineno}): {exc.msg}") from None
 
 
 def add_workload_arguments(parser) -> None:

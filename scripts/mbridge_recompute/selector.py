@@ -91,13 +91,7 @@ class Calibration:
 
 def harness_name(s: RecomputeSetting) -> str:
     """The candidate string `run_harness.py --candidates` and RecomputeSetting.parse take."""
-    if s.granularity is None:
-        return "none"
-    if s.granularity == "full":
-        return f"{s.method}:{s.num_layers}"
-    if s.modules is None:
-        return "core_attn"
-    return ",".join(s.modules) if s.modules else "[]"
+    return s.candidate()
 
 
 # --------------------------------------------------------------------------- budget

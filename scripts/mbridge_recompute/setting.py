@@ -83,6 +83,16 @@ class RecomputeSetting:
             return f"{self.method}{self.num_layers}"
         return "+".join(self.modules) if self.modules else "empty"
 
+    def candidate(self) -> str:
+        """The candidate string `parse` (and `run_harness.py --candidates`) reads back."""
+        if self.granularity is None:
+            return "none"
+        if self.granularity == "full":
+            return f"{self.method}:{self.num_layers}"
+        if self.modules is None:
+            return "core_attn"   # MCore's default list (tc:1193-1194 @ core_v0.16.1), spelled out
+        return ",".join(self.modules) if self.modules else "[]"
+
     def describe(self) -> str:
         if self.granularity is None:
             return "no recompute"
