@@ -128,6 +128,11 @@ def _attention_gqa(sh: Shape, mods: frozenset) -> list:
     # The fused QKV GEMM output; v (and q, k without RoPE) are views of it. A saved
     # view keeps the whole buffer alive. With g < t it is the TP-gathered buffer.
     qkv_buf = e * ((sh.a + 2 * sh.g) if sh.g < sh.t else (a_ + 2 * g_)) * d * T
+    # With several query heads per group, q is a slice [.., ng, (np/ng)*hn] of the fused
+    # buffer and the reshape to [.., np, hn] cannot be a view: it copies
+    # (attention.py:1463 @ core_v0.16.1). Measured on a GPU (no RoPE, GQA 16/4): the copy is
+    # what autograd keeps, and the fused buffer is then pinned only through k / v views.
+    q_reshape_copies = a_ / g_ > 1
     if "core_attn" in mods:
         # tensor_parallel.checkpoint saves (q, k, v) as passed in (attention.py:1134-1143).
         out.extend(_mask_type(sh))
@@ -137,6 +142,9 @@ def _attention_gqa(sh: Shape, mods: frozenset) -> list:
             out.append(Saved("core_attn checkpoint: k after RoPE", "attention", e * g_ * d * T))
         else:
             pinned = True
+            if q_reshape_copies:
+                out.append(Saved("core_attn checkpoint: q (GQA reshape copy)", "attention",
+                                 e * a_ * d * T))
         if sh.te and sh.rope and sh.fused_single_qkv_rope:
             out.append(Saved("core_attn checkpoint: v", "attention", e * g_ * d * T))
         else:
@@ -155,6 +163,8 @@ def _attention_gqa(sh: Shape, mods: frozenset) -> list:
         view = False
         if sh.rope:
             out.append(Saved("q after RoPE (baddbmm input)", "attention", e * a_ * d * T))
+        elif q_reshape_copies:
+            out.append(Saved("q (GQA reshape copy, baddbmm input)", "attention", e * a_ * d * T))
         else:
             view = True
         if rep:
