@@ -20,14 +20,15 @@ from typing import Any, Iterable
 from mbridge_recompute import labels
 from mbridge_recompute.errors import InputError
 from mbridge_recompute.workload import (CLUSTER_KEYS, COMM_OVERLAP_KEYS, DDP_KEYS, FIELD_NAMES,
-                                        TRAIN_KEYS, Workload)
+                                        OPTIMIZER_KEYS, TRAIN_KEYS, Workload)
 
 DATA = Path(__file__).resolve().parent / "data"
 
 # Sections of a Bridge ConfigContainer dump that the tools do not read; their keys
-# are not checked (they cannot be, without Bridge importable).
+# are not checked (they cannot be, without Bridge importable). The optimizer section is
+# read for the OPTIMIZER_KEYS only (its other keys pass unchecked).
 IGNORED_SECTIONS = frozenset({
-    "optimizer", "scheduler", "dataset", "logger", "tokenizer", "checkpoint", "dist", "rng",
+    "scheduler", "dataset", "logger", "tokenizer", "checkpoint", "dist", "rng",
     "profiling", "ft", "straggler", "nvrx_straggler", "rerun_state_machine", "peft",
     "inprocess_restart", "mixed_precision", "tensor_inspect", "mixed_precision_config",
     "train_config", "energy_monitor", "dataset_config", "validation", "inference",
@@ -99,6 +100,13 @@ _CHOICES = {
     "moe_token_dispatcher_type": ("allgather", "alltoall", "flex"),
 }
 
+# Optimizer-state dtypes, normalised. A Bridge dump writes a torch dtype as
+# {_target_: torch.bfloat16, _call_: false}; TE FusedAdam takes uint8 (fp8) moments.
+_DTYPE_FIELDS = ("main_params_dtype", "main_grads_dtype", "exp_avg_dtype", "exp_avg_sq_dtype")
+_DTYPE_NAMES = {"float32": "fp32", "fp32": "fp32", "float": "fp32", "bfloat16": "bf16",
+                "bf16": "bf16", "float16": "fp16", "half": "fp16", "fp16": "fp16",
+                "uint8": "fp8", "fp8": "fp8"}
+
 # CudaGraphScope names (transformer/enums.py:70-79 @ core_v0.16.1) plus the deprecated "full".
 CUDA_GRAPH_SCOPES = ("full", "full_iteration", "attn", "mlp", "moe", "moe_router", "moe_preprocess",
                      "mamba")
@@ -114,6 +122,8 @@ def _coerce(name: str, value: Any, where: str) -> Any:
         raise InputError(where, "must not be null")
     if name == "activation_func":
         return _activation_name(value, where)
+    if name in _DTYPE_FIELDS:
+        return _dtype_name(value, where)
     if "list" in t and isinstance(value, (list, tuple)):
         if name in ("recompute_modules", "offload_modules", "cuda_graph_scope"):
             bad = [v for v in value if not isinstance(v, str) or not v.strip()]
@@ -158,6 +168,16 @@ def _coerce(name: str, value: Any, where: str) -> Any:
     return value
 
 
+def _dtype_name(value: Any, where: str) -> str:
+    if isinstance(value, dict) and "_target_" in value:
+        value = value["_target_"]
+    key = value.strip().lower().removeprefix("torch.") if isinstance(value, str) else None
+    if key not in _DTYPE_NAMES:
+        raise InputError(where, f"must be a dtype such as fp32, bf16, fp16 or fp8 (torch.uint8), "
+                                f"got {value!r}")
+    return _DTYPE_NAMES[key]
+
+
 def _activation_name(value: Any, where: str) -> str:
     if isinstance(value, dict) and "_target_" in value:
         value = value["_target_"]
@@ -199,7 +219,8 @@ def _sections_to_fields(data: dict, origin: str) -> tuple[dict, dict]:
     fields: dict[str, Any] = {}
     extra: dict[str, Any] = {}
     mapped = {"train": (TRAIN_KEYS, TRAIN_OTHER_KEYS), "ddp": (DDP_KEYS, DDP_OTHER_KEYS),
-              "comm_overlap": (COMM_OVERLAP_KEYS, None), "cluster": (CLUSTER_KEYS, frozenset())}
+              "comm_overlap": (COMM_OVERLAP_KEYS, None), "cluster": (CLUSTER_KEYS, frozenset()),
+              "optimizer": (OPTIMIZER_KEYS, None)}
     for section, body in data.items():
         where = f"{origin}{section}"
         if section == "model":
@@ -233,7 +254,7 @@ def _sections_to_fields(data: dict, origin: str) -> tuple[dict, dict]:
         elif section in IGNORED_SECTIONS or section.startswith("_"):
             continue
         else:
-            top = {"model", "train", "ddp", "comm_overlap", "cluster"} | IGNORED_SECTIONS
+            top = {"model", "train", "ddp", "comm_overlap", "cluster", "optimizer"} | IGNORED_SECTIONS
             raise InputError(where, f"unknown section{_suggest(section, top)}")
     return fields, extra
 
@@ -354,6 +375,17 @@ def validate(w: Workload, version: str) -> None:
     if w.num_gpus and w.num_gpus % w.model_parallel_size:
         raise InputError("cluster.num_gpus",
                          f"{w.num_gpus} is not a multiple of TP*PP*CP={w.model_parallel_size}")
+    if not w.use_precision_aware_optimizer:
+        # MCore asserts these (optimizer/optimizer_config.py:414-426 @ core_v0.16.1)
+        for name in _DTYPE_FIELDS:
+            if getattr(w, name) != "fp32":
+                raise InputError(f"optimizer.{name}",
+                                 f"{getattr(w, name)} needs use_precision_aware_optimizer=true "
+                                 "(megatron-core allows only fp32 without it)")
+    elif not w.use_distributed_optimizer:
+        # optimizer/optimizer_config.py:379-381 @ core_v0.16.1
+        raise InputError("optimizer.use_precision_aware_optimizer",
+                         "needs the distributed optimizer (use_distributed_optimizer=true)")
     if w.recompute_granularity not in (None, "selective", "full"):
         # MCore raises too, but with a typo'd message; name the field here.
         raise InputError("model.recompute_granularity",

@@ -21,6 +21,13 @@ from typing import Optional, Union
 TRAIN_KEYS = {"micro_batch_size": "micro_batch_size", "global_batch_size": "global_batch_size"}
 DDP_KEYS = {"use_distributed_optimizer": "use_distributed_optimizer",
             "grad_reduce_in_fp32": "grad_reduce_in_fp32"}
+# Bridge/MCore OptimizerConfig fields that change optimizer-state bytes
+# (optimizer/optimizer_config.py:187-206 @ core_v0.16.1); dtypes are normalised names
+# (fp32, bf16, fp16, fp8) by loading.py.
+OPTIMIZER_KEYS = {"use_precision_aware_optimizer": "use_precision_aware_optimizer",
+                  "main_params_dtype": "main_params_dtype", "main_grads_dtype": "main_grads_dtype",
+                  "exp_avg_dtype": "exp_avg_dtype", "exp_avg_sq_dtype": "exp_avg_sq_dtype",
+                  "store_param_remainders": "store_param_remainders"}
 COMM_OVERLAP_KEYS = {"overlap_moe_expert_parallel_comm": "overlap_moe_expert_parallel_comm",
                      "delay_wgrad_compute": "delay_wgrad_compute"}
 CLUSTER_KEYS = {"num_gpus": "num_gpus", "gpu_memory_gb": "gpu_memory_gb",
@@ -117,6 +124,13 @@ class Workload:
     global_batch_size: Optional[int] = None
     use_distributed_optimizer: bool = True
     grad_reduce_in_fp32: bool = True
+    # optimizer section (MCore OptimizerConfig defaults: fp32 Adam state, remainders on)
+    use_precision_aware_optimizer: bool = False
+    main_params_dtype: str = "fp32"
+    main_grads_dtype: str = "fp32"
+    exp_avg_dtype: str = "fp32"
+    exp_avg_sq_dtype: str = "fp32"
+    store_param_remainders: bool = True
     num_gpus: Optional[int] = None                  # None -> one data-parallel replica
     gpu_memory_gb: float = 80.0                     # per GPU, decimal GB as nvidia-smi and Bridge print
     te_version: Optional[str] = None                # Transformer Engine on the training nodes, if known
@@ -196,6 +210,7 @@ class Workload:
     def model_fields(self) -> dict:
         """The MCore TransformerConfig kwargs this workload stands for (for the live validator)."""
         non_model = set(TRAIN_KEYS.values()) | set(DDP_KEYS.values()) | set(CLUSTER_KEYS.values())
+        non_model |= set(OPTIMIZER_KEYS.values())
         non_model |= {"extra_model", "seq_length", "vocab_size", "share_embeddings_and_output_weights",
                       "position_embedding_type", "hybrid_override_pattern", "attention_backend"}
         out = {}

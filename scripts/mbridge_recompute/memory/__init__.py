@@ -6,6 +6,8 @@ Public API:
                                                              one per recompute label of the target version,
                                                              saving vs the selective [] control
     replay_cost_pct(w, knobs=DEFAULT_KNOBS) -> float           replayed forward work as % of the step
+    first_iteration_peak_bytes(w, rank) -> int                a rank's peak in iteration 1, before the
+                                                             first optimizer step creates Adam state
 
 How it is built (one module per job):
     shape.py      the per-rank dimensions read from a Workload (frozen, so results cache)
@@ -27,9 +29,9 @@ and every assumption is returned as a sentence in `MemoryEstimate.assumptions`.
 
 from mbridge_recompute.memory.types import (DEFAULT_KNOBS, PAPER_KNOBS, Knobs, LabelEffect,
                                             MemoryEstimate, RankMemory)
-from mbridge_recompute.memory.peak import estimate
+from mbridge_recompute.memory.peak import estimate, first_iteration_peak_bytes
 from mbridge_recompute.memory.effects import label_effects
 from mbridge_recompute.memory.cost import replay_cost_pct
 
-__all__ = ["estimate", "label_effects", "replay_cost_pct", "MemoryEstimate", "RankMemory",
+__all__ = ["estimate", "first_iteration_peak_bytes", "label_effects", "replay_cost_pct", "MemoryEstimate", "RankMemory",
            "LabelEffect", "Knobs", "DEFAULT_KNOBS", "PAPER_KNOBS"]

@@ -23,7 +23,7 @@ from typing import NamedTuple
 from mbridge_recompute.memory.recompute import chunk_groups, layout_of, modules_of
 from mbridge_recompute.memory.schedule import inflight_vectors
 from mbridge_recompute.memory.shape import Shape, shape_of
-from mbridge_recompute.memory.static import rank_params, static_bytes
+from mbridge_recompute.memory.static import optimizer_state_bytes, rank_params, static_bytes
 from mbridge_recompute.memory.tensors import (checkpoint_bytes, embedding_tensors, largest_tensor,
                                               layer_bytes, layer_components, layer_tensors,
                                               logits_transient, output_tensors,
@@ -160,13 +160,31 @@ def _group_size(w) -> int:
     return int(g) if g else w.pipeline_model_parallel_size
 
 
+def _optimizer_bytes(w, sh: Shape, knobs: Knobs) -> float:
+    if knobs.optimizer_bytes_per_param is not None:
+        return knobs.optimizer_bytes_per_param
+    return sum(optimizer_state_bytes(w, sh.elt == 2))
+
+
+def _optimizer_sentence(w, sh: Shape) -> str:
+    eager, lazy = optimizer_state_bytes(w, sh.elt == 2)
+    if not w.use_precision_aware_optimizer:
+        return ("Adam with fp32 master weights and two fp32 moments "
+                f"({eager + lazy:g} bytes per parameter with {sh.elt}-byte weights)")
+    remainders = (sh.elt == 2 and eager == 0 and w.bf16 and w.main_params_dtype == "fp32"
+                  and w.store_param_remainders)
+    return (f"Precision-aware Adam (TE FusedAdam): moments {w.exp_avg_dtype} / "
+            f"{w.exp_avg_sq_dtype}, master weights {w.main_params_dtype}"
+            + (" kept as 16-bit remainders of the bf16 weights" if remainders else "")
+            + f" ({eager + lazy:g} bytes per parameter)")
+
+
 def assumptions(w, sh: Shape, knobs: Knobs) -> list:
     gib = knobs.residual_bytes / 2**30
     out = [
         f"Residual of {gib:.2f} GiB per GPU for the CUDA context, NCCL and Transformer Engine "
         "workspaces and allocator slack (not fragmentation).",
-        ("Adam with fp32 master weights and two fp32 moments (12 bytes per parameter with 16-bit "
-         "weights)" if knobs.optimizer_bytes_per_param is None else
+        (_optimizer_sentence(w, sh) if knobs.optimizer_bytes_per_param is None else
          f"Optimizer state of {knobs.optimizer_bytes_per_param:g} bytes per parameter") +
         ", sharded by the distributed optimizer over DP x CP (routed experts over "
         "DP x TP x CP / (EP x ETP)); gradient buffers are not sharded.",
@@ -265,7 +283,7 @@ def estimate(w, knobs: Knobs = DEFAULT_KNOBS) -> MemoryEstimate:
                               distributed=bool(w.use_distributed_optimizer),
                               grad_fp32=bool(w.grad_reduce_in_fp32), fp8_param=bool(w.fp8_param),
                               residual=knobs.residual_bytes,
-                              optimizer_bytes=knobs.optimizer_bytes_per_param)
+                              optimizer_bytes=_optimizer_bytes(w, sh, knobs))
         static_total = sum(static.values())
         static_total_of[r] = static_total
         activation_i = round(activation)
@@ -280,6 +298,19 @@ def estimate(w, knobs: Knobs = DEFAULT_KNOBS) -> MemoryEstimate:
     hottest = max(ranks, key=lambda rk: (rk.peak_bytes, -rk.pp_rank))
     return MemoryEstimate(ranks=ranks, hottest=hottest, assumptions=assumptions(w, sh, knobs),
                           per_layer=per_layer(w, sh, mode))
+
+
+def first_iteration_peak_bytes(w, rank: RankMemory) -> int:
+    """A rank's peak during the first iteration, when Adam state is still to be created.
+
+    The optimizer state made by the first step (`optimizer_state_bytes`) is absent from the
+    first forward and backward; that step then allocates it once the activations are freed,
+    so the first iteration peaks at the larger of the two moments. Only meaningful for the
+    default optimizer accounting (no `Knobs.optimizer_bytes_per_param`).
+    """
+    eager, lazy = optimizer_state_bytes(w, bool(w.bf16 or w.fp16))
+    share = lazy / (eager + lazy) if eager + lazy else 0.0
+    return max(rank.peak_bytes - round(rank.static.get("optimizer", 0) * share), rank.static_bytes)
 
 
 def per_layer(w, sh: Shape, mode: RecomputeMode) -> dict:

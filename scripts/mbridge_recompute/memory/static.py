@@ -2,7 +2,8 @@
 
 Bytes per parameter (Adam, mixed precision): 16-bit weights (2), main gradients in
 fp32 when grad_reduce_in_fp32 else 16-bit (4 / 2), fp32 master weights + two fp32
-moments (12) sharded by the distributed optimizer over DP x CP for dense
+moments (12; fewer with the precision-aware optimizer, see `optimizer_state_bytes`)
+sharded by the distributed optimizer over DP x CP for dense
 parameters and over the expert-data-parallel group DP*TP*CP/(EP*ETP) for routed
 experts (the split Megatron Bridge's estimator uses). The gradient buffer is not
 sharded by the distributed optimizer. FP8 training keeps a quantized copy of each
@@ -168,6 +169,39 @@ def _rank_params(sh: Shape, kinds: tuple, first_stage: bool, last_stage: bool,
         if not (tied and p == 1):
             out += sh.vocab_ * sh.h
     return RankParams(dense + emb + out, expert, linear, emb, out)
+
+
+_DTYPE_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2, "fp8": 1}
+
+
+def optimizer_state_bytes(w, half: bool) -> tuple:
+    """Adam state bytes per parameter: (made when the optimizer is built, made by its first step).
+
+    Without the precision-aware optimizer MCore clones an fp32 main copy of every 16-bit
+    parameter shard when it builds the distributed optimizer (distrib_optimizer.py:378-399 @
+    core_v0.16.1) and the two fp32 moments appear at the first step. With it (TE FusedAdam),
+    moments take exp_avg_dtype / exp_avg_sq_dtype (optimizer/__init__.py:365-387 @ core_v0.16.1)
+    and, unless an fp8 recipe other than delayed keeps MCore's fp32 copy
+    (optimizer_config.py:355-362), FusedAdam holds the master weight itself: with fp32 master
+    weights, bf16 parameters and store_param_remainders (MCore default True,
+    optimizer_config.py:192) only the trailing 16 bits (int16) are stored
+    (TE pytorch/optimizers/fused_adam.py:98-102, 213-215, 414-415). FusedAdam creates all of
+    its state in step() (fused_adam.py:626-630); MCore calls init_state_fn only when loading a
+    checkpoint (optimizer.py:791, 808, 1019 @ core_v0.16.1), so none of the lazy part exists
+    during the first iteration's forward and backward.
+    """
+    if not w.use_precision_aware_optimizer:
+        return (4.0 if half else 0.0), 8.0
+    moments = float(_DTYPE_BYTES[w.exp_avg_dtype] + _DTYPE_BYTES[w.exp_avg_sq_dtype])
+    if not half:
+        return 0.0, moments
+    # OptimizerConfig.fp8_recipe defaults to None (optimizer_config.py:171, used at :355-362)
+    te_master = w.main_params_dtype != "fp32" or not w.fp8 or w.fp8_recipe == "delayed"
+    if not te_master:
+        return 4.0, moments
+    if w.main_params_dtype == "fp32" and w.store_param_remainders and w.bf16:
+        return 0.0, 2.0 + moments
+    return 0.0, _DTYPE_BYTES[w.main_params_dtype] + moments
 
 
 def static_bytes(sh: Shape, params: RankParams, *, dp: int, distributed: bool,
