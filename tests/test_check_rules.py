@@ -433,9 +433,9 @@ def test_moe_router_needs_transformer_engine_in_0_16_1():
            "cluster.te_version=none", "model.recompute_modules=[]"]
     ids = {f["id"] for f in check_workload(load_workload(default=True, sets=moe))["findings"]}
     assert "moe-router-needs-te" in ids
-    fp64 = moe + ["model.moe_router_dtype=fp64"]
+    fp64 = moe + ["model.moe_router_dtype=fp64"]   # the name is read before the dtype
     ids = {f["id"] for f in check_workload(load_workload(default=True, sets=fp64))["findings"]}
-    assert "moe-router-needs-te" not in ids
+    assert "moe-router-needs-te" in ids
     dense = {f["id"] for f in check_workload(load_workload(
         default=True, sets=["cluster.te_version=none"]))["findings"]}
     assert "moe-router-needs-te" not in dense

@@ -388,3 +388,19 @@ def test_claim_fragmentation_is_ruled_out_first():
     assert r.returncode == 0
     assert findings[0]["kind"] == "fragmentation"
     assert "expandable_segments:True" in findings[0]["next_action"]
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+def test_claim_moe_router_needs_transformer_engine_in_0_16_1(dtype):
+    """The installed 0.16.1 router gating GEMM reads te_general_gemm, undefined without TE,
+    before it looks at the router dtype (moe_utils.py:24-39,1192)."""
+    import torch
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        from megatron.core.transformer.moe import moe_utils
+
+    dt = getattr(torch, dtype)
+    with pytest.raises(NameError, match="te_general_gemm"):
+        moe_utils.router_gating_linear(torch.randn(4, 8, dtype=dt), torch.randn(3, 8, dtype=dt), None, dt)
+    assert "`NameError: name 'te_general_gemm' is not defined`" in SKILL_TEXT

@@ -767,9 +767,8 @@ def _legacy_grouped(s: State):
 @rule("moe-router-needs-te")
 def _moe_router_te(s: State):
     # 0.16.1 only: moe_utils.py:24-39 leaves te_general_gemm undefined without TE and :1192
-    # reads it unless the router runs in fp64 (seen on a GPU with the local spec).
-    if s.version == "0.16.1" and s.w.is_moe and s.te_absent and not s.assume_te_absent \
-            and s.w.moe_router_dtype != "fp64":
+    # reads it before looking at the router dtype (seen on a GPU with the local spec).
+    if s.version == "0.16.1" and s.w.is_moe and s.te_absent and not s.assume_te_absent:
         return Hit("MoE router without Transformer Engine: the gating GEMM raises NameError "
                    "in the first forward")
 
