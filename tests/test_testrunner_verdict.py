@@ -97,7 +97,7 @@ def test_all_skipped_is_no_tests_because_nothing_was_proved(tmp_path):
     skipped = "import pytest\n\n@pytest.mark.skip(reason='needs a GPU')\ndef test_gpu():\n    pass\n"
     files = {p: skipped for p in (CORE, PEFT, *OTHER_CORE)}
     files[COMM] = ("import pytest\n\nclass TestMegatronCommOverlapConfig:\n"
-                   "    @pytest.mark.skip(reason='x')\n"
+                   "    @pytest.mark.skip(reason='needs a GPU')\n"
                    "    def test_moe_ep_overlap_rejects_moe_in_recompute_modules(self):\n        pass\n")
     proc, r = tool(make_bridge(tmp_path, files))
     assert r["returncode"] == 0 and r["skipped"] == 5 and r["selected"] == 5
