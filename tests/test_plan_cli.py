@@ -174,3 +174,38 @@ def test_compare_output_of_the_moonlight_sweep_calibrates_the_plan(run_tool, tmp
     cands = {c["name"]: c for c in r["candidates"]}
     delta = cands["moe_act"]["model_peak_bytes"] - cands["[]"]["model_peak_bytes"]
     assert cands["moe_act"]["peak_bytes"] == int(measured_control * 1e9) + delta
+
+
+def test_plot_draws_per_rank_stacked_bars_next_to_the_frontier(tmp_path):
+    """The figure has the per-rank panel (one bar per PP rank, stacked static + activations +
+    transient) and the frontier panel."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    from mbridge_recompute.commands import plan as plan_cmd
+    from mbridge_recompute.loading import load_workload
+    from mbridge_recompute.selector import plan
+
+    report = plan(load_workload(default=True))
+    drawn = {}
+    import matplotlib.pyplot as plt
+
+    real_savefig = plt.Figure.savefig
+
+    def capture(fig, *a, **k):
+        drawn["axes"] = fig.axes
+        return real_savefig(fig, *a, **k)
+
+    plt.Figure.savefig = capture
+    try:
+        plan_cmd._plot(report, tmp_path / "p.png")
+    finally:
+        plt.Figure.savefig = real_savefig
+    bars, frontier = drawn["axes"]
+    pp = len(report["ranks"])
+    assert pp == 4
+    static = [p for p in bars.patches[:pp]]
+    assert [round(p.get_height() * 1e9) for p in static] == \
+        [pytest.approx(r["static_bytes"], rel=1e-6) for r in report["ranks"]]
+    assert len(bars.patches) > 2 * pp          # static + at least one activation part + transient
+    assert frontier.get_xlabel().startswith("modelled replay cost")

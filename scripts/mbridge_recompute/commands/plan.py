@@ -35,7 +35,7 @@ def add_arguments(parser) -> None:
     cal.add_argument("--measured", metavar="COMPARE.json",
                      help="`compare --json` output; its control run's peak_allocated_gb anchors predictions")
     parser.add_argument("--json", action="store_true", help="one JSON object on stdout (sizes in bytes)")
-    parser.add_argument("--plot", metavar="FILE.png", help="draw the memory/cost frontier (needs matplotlib)")
+    parser.add_argument("--plot", metavar="FILE.png", help="draw per-rank stacked memory bars and the memory/cost frontier (needs matplotlib)")
     parser.add_argument("--force", action="store_true", help="overwrite the --plot file if it exists")
     parser.add_argument("--top", type=int, metavar="N",
                         help="keep only the N frontier points nearest the recommendation in cost "
@@ -194,7 +194,8 @@ def _plot(r: dict, path: Path) -> str:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(8, 5))
+    fig, (bars, ax) = plt.subplots(1, 2, figsize=(14, 5), gridspec_kw={"width_ratios": [2, 3]})
+    _rank_bars(bars, r)
     allowed = [c for c in r["candidates"] if c["allowed"]]
     dom = [c for c in allowed if c["dominated"]]
     front = sorted((c for c in allowed if not c["dominated"]), key=lambda c: c["cost_pct"])
@@ -218,7 +219,32 @@ def _plot(r: dict, path: Path) -> str:
     ax.set_ylabel("predicted peak on the hottest rank (GB)"
                   + (", calibrated" if r.get("calibration") else ""))
     ax.legend(fontsize=8)
+    ax.set_title("candidates: peak vs replay cost", fontsize=9)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
     return str(path)
+
+
+def _rank_bars(ax, r: dict) -> None:
+    """Per pipeline rank, the modelled peak as stacked bars: static, activations by component,
+    the transient that sets the peak (current setting, uncalibrated)."""
+    ranks = r["ranks"]
+    xs = [k["pp_rank"] for k in ranks]
+    bottom = [k["static_bytes"] / GB for k in ranks]
+    ax.bar(xs, bottom, color="0.55", label="static")
+    parts = sorted({name for k in ranks for name in k.get("activations", {})})
+    for name in parts:
+        vals = [k.get("activations", {}).get(name, 0) / GB for k in ranks]
+        if not any(vals):
+            continue
+        ax.bar(xs, vals, bottom=bottom, label=f"act: {name}")
+        bottom = [b + v for b, v in zip(bottom, vals)]
+    ax.bar(xs, [k["transient_bytes"] / GB for k in ranks], bottom=bottom, color="none",
+           edgecolor="k", hatch="//", label="transient at the peak")
+    ax.axhline(r["budget_bytes"] / GB, color="r", ls="--", lw=1, label="budget")
+    ax.set_xticks(xs)
+    ax.set_xlabel("pipeline rank")
+    ax.set_ylabel("modelled GB (current setting, uncalibrated)")
+    ax.set_title("memory per pipeline rank", fontsize=9)
+    ax.legend(fontsize=7)
