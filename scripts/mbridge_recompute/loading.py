@@ -100,6 +100,15 @@ _CHOICES = {
     "moe_token_dispatcher_type": ("allgather", "alltoall", "flex"),
 }
 
+# Bounds on counts. Sizes are multiplied as Python ints and the model walks every layer and
+# every micro-batch one by one, so an extra run of digits would surface as an OverflowError,
+# a MemoryError or a run that never ends; these bounds make it exit 2 naming the field.
+# 2**31 - 1 is far above any real size; the layer and micro-batch bounds keep `plan` within
+# seconds to minutes per pipeline stage.
+MAX_INT = 2**31 - 1
+MAX_LAYERS = 10_000
+MAX_MICROBATCHES = 1_000_000
+
 # Optimizer-state dtypes, normalised. A Bridge dump writes a torch dtype as
 # {_target_: torch.bfloat16, _call_: false}; TE FusedAdam takes uint8 (fp8) moments.
 _DTYPE_FIELDS = ("main_params_dtype", "main_grads_dtype", "exp_avg_dtype", "exp_avg_sq_dtype")
@@ -150,6 +159,10 @@ def _coerce(name: str, value: Any, where: str) -> Any:
                 raise InputError(where, f"must be an integer, got {value!r}")
         if name in _POSITIVE and value <= 0:
             raise InputError(where, f"must be positive, got {value}")
+        if abs(value) > MAX_INT:
+            raise InputError(where, f"must be at most {MAX_INT}, got {value}")
+        if name == "num_layers" and value > MAX_LAYERS:
+            raise InputError(where, f"must be at most {MAX_LAYERS}, got {value}")
         return value
     if base == "float":
         if isinstance(value, bool) or not isinstance(value, (int, float)):
@@ -326,9 +339,9 @@ def load_workload(path: str | None = None, sets: Iterable[str] = (), model: str 
     first_k = fields.pop("_first_k_dense", None)
     if first_k is not None and "moe_layer_freq" not in fields:
         value, where = first_k
-        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-            raise InputError(where, f"must be a non-negative integer, got {value!r}")
         n = fields.get("num_layers", Workload.num_layers)
+        if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= n:
+            raise InputError(where, f"must be an integer from 0 to num_layers={n}, got {value!r}")
         fields["moe_layer_freq"] = [0] * value + [1] * (n - value)
     workload = Workload(**fields, extra_model=extra)
     validate(workload, mcore_version or labels.target_version())
@@ -362,6 +375,10 @@ def validate(w: Workload, version: str) -> None:
         raise InputError("model.cuda_graph_scope",
                          f"unknown scope {unknown_scopes[0]!r}{_suggest(unknown_scopes[0].strip(), CUDA_GRAPH_SCOPES)}; "
                          f"valid: {', '.join(CUDA_GRAPH_SCOPES)}")
+    if w.num_microbatches > MAX_MICROBATCHES:
+        raise InputError("train.global_batch_size",
+                         f"{w.global_batch_size} makes {w.num_microbatches} micro-batches per step; "
+                         f"at most {MAX_MICROBATCHES}")
     if isinstance(w.moe_layer_freq, list) and len(w.moe_layer_freq) != w.num_layers:
         raise InputError("model.moe_layer_freq",
                          f"has {len(w.moe_layer_freq)} entries for num_layers={w.num_layers}")
