@@ -227,11 +227,16 @@ def test_from_plan_takes_frontier_and_recommendation_plus_the_control(checkout, 
     assert [r["name"] for r in json.loads(proc.stdout)["runs"]] == ["empty", "moe_act", "uniform1"]
 
 
-def test_from_plan_that_is_not_json_is_refused(checkout, tmp_path):
+@pytest.mark.parametrize("content", [b"frontier: [", b"\xa2\xff not utf-8", None])
+def test_from_plan_that_is_not_json_is_refused(checkout, tmp_path, content):
     path = tmp_path / "plan.json"
-    path.write_text("frontier: [")
+    if content is None:
+        path.mkdir()
+    else:
+        path.write_bytes(content)
     proc = run_script("harness", "--repo", checkout, "--from-plan", path, "--", *PINNED)
-    assert proc.returncode == 2 and "--from-plan" in proc.stderr
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    assert proc.stderr.startswith("error: --from-plan:") and proc.stderr.count("\n") == 1
 
 
 def test_repo_without_bootstrap_is_refused(tmp_path):

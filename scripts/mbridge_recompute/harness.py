@@ -49,7 +49,6 @@ Facts this module relies on (Megatron-Bridge `main` @ 067f987 unless noted):
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import shlex
@@ -143,12 +142,9 @@ def candidates_from_plan(path: str, with_control: bool = True, notes: Optional[l
     implicit default, which it replaces by ["core_attn"]
     (`transformer_config.py:1821-1822`); the sweep spells it out.
     """
-    try:
-        data = json.loads(Path(path).read_text())
-    except OSError as exc:
-        raise InputError("--from-plan", f"cannot read {path}: {exc.strerror}") from None
-    except json.JSONDecodeError as exc:
-        raise InputError("--from-plan", f"{path} is not JSON ({exc.msg}, line {exc.lineno})") from None
+    from mbridge_recompute.loading import read_json
+
+    data = read_json(path, "--from-plan")
     if not isinstance(data, dict):
         raise InputError("--from-plan", f"{path}: expected the JSON object of `plan --json`")
     short = data.get("harness_candidates")

@@ -9,7 +9,6 @@ one note on stderr, so a new architecture never fails silently.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
@@ -72,13 +71,9 @@ GATED_GELU_MODEL_TYPES = {"gemma", "gemma2", "gemma3", "gemma3_text"}
 
 def _read(path: Path) -> dict:
     where = "--hf-config"
-    from mbridge_recompute.loading import read_text
+    from mbridge_recompute.loading import read_json
 
-    text = read_text(path, where)
-    try:
-        data = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise InputError(where, f"{path} is not valid JSON (line {exc.lineno}): {exc.msg}") from None
+    data = read_json(path, where)
     if not isinstance(data, dict):
         raise InputError(where, f"{path} must hold a JSON object (a Hugging Face config.json)")
     # Multimodal configs nest the language model.
