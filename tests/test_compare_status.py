@@ -191,7 +191,9 @@ def test_json_has_the_design_keys():
 
 
 def test_bad_option_values_are_exit_2():
-    for args in (["--steady-from", "0"], ["--steady-fraction", "1.5"], ["--min-steady-steps", "0"]):
+    for args in (["--steady-from", "0"], ["--steady-fraction", "1.5"], ["--min-steady-steps", "0"],
+                 ["--steady-fraction", "nan"], ["--min-saving-pct", "-1"], ["--min-saving-pct", "nan"],
+                 ["--min-saving-pct", "100"]):
         proc = run_script("compare", FIXTURES / "pass.log", *args)
         assert proc.returncode == 2 and proc.stderr.startswith("error: --"), args
 

@@ -80,8 +80,8 @@ def run(args) -> int:
         raise InputError("--steady-fraction", "must be in [0, 1)")
     if args.min_steady_steps is not None and args.min_steady_steps < 1:
         raise InputError("--min-steady-steps", "must be >= 1")
-    if args.min_saving_pct < 0:
-        raise InputError("--min-saving-pct", "must be >= 0")
+    if not 0.0 <= args.min_saving_pct < 100.0:   # written so that nan fails too
+        raise InputError("--min-saving-pct", "must be in [0, 100)")
     runs = [logs.parse_file(_log_path(a)) for a in args.logs]
     report = compare.compare(runs, args.control, args.steady_from, args.steady_fraction,
                              args.min_steady_steps, args.min_saving_pct)
