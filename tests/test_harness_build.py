@@ -257,6 +257,13 @@ def test_sweep_tokens_are_the_config_writers_harness_format(checkout):
         assert r["recompute_tokens"] == render(setting, "harness")
 
 
+def test_a_bad_candidate_in_the_plans_short_list_names_from_plan(checkout, tmp_path):
+    path = tmp_path / "plan.json"
+    path.write_text(json.dumps({"harness_candidates": ["[]", "uniform:0"]}))
+    proc = run_script("harness", "--repo", checkout, "--from-plan", path, "--", *PINNED)
+    assert proc.returncode == 2 and proc.stderr.startswith("error: --from-plan: 'uniform:0'")
+
+
 def test_from_plan_leaves_out_entries_the_plan_rejects_and_says_so(checkout, tmp_path):
     plan = {"frontier": [
         {"name": "moe", "recompute_granularity": "selective", "recompute_modules": ["moe"],

@@ -123,10 +123,10 @@ class Sweep:
 
 # --------------------------------------------------------------------------- candidates
 
-def parse_candidates(texts: Sequence[str]) -> list:
+def parse_candidates(texts: Sequence[str], where: str = "--candidates") -> list:
     """Candidate strings ('[]', 'core_attn', 'layernorm,moe_act', 'uniform:2', 'block:4', 'none')."""
-    out = [RecomputeSetting.parse(t, where="--candidates") for t in texts]
-    return _unique(out, "--candidates")
+    out = [RecomputeSetting.parse(t, where=where) for t in texts]
+    return _unique(out, where)
 
 
 def candidates_from_plan(path: str, with_control: bool = True, notes: Optional[list] = None) -> list:
@@ -151,7 +151,7 @@ def candidates_from_plan(path: str, with_control: bool = True, notes: Optional[l
     if isinstance(short, list) and short and all(isinstance(t, str) for t in short):
         # the plan's own short list (control, recommendation, its frontier neighbours):
         # a whole frontier can hold 10-30 points, too many runs for one matched sweep
-        settings = parse_candidates(short)
+        settings = parse_candidates(short, "--from-plan")
         if with_control and RecomputeSetting.selective() not in settings:
             settings.insert(0, RecomputeSetting.selective())
         return _unique(settings, "--from-plan")
