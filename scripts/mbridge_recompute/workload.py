@@ -224,14 +224,5 @@ class Workload:
     def replace(self, **changes) -> "Workload":
         return dataclasses.replace(self, **changes)
 
-    def recompute_setting(self) -> dict:
-        return {
-            "recompute_granularity": self.recompute_granularity,
-            "recompute_modules": self.recompute_modules,
-            "recompute_method": self.recompute_method,
-            "recompute_num_layers": self.recompute_num_layers,
-            "distribute_saved_activations": self.distribute_saved_activations,
-        }
-
 
 FIELD_NAMES = frozenset(f.name for f in dataclasses.fields(Workload)) - {"extra_model"}
