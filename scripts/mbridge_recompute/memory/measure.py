@@ -96,7 +96,7 @@ def _config(w):
     return TransformerConfig(**kw)
 
 
-def measure_case(name, w) -> dict:
+def measure_case(w) -> dict:
     import torch
     from megatron.core.models.gpt import GPTModel
     from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
@@ -184,7 +184,7 @@ def main(argv=None) -> int:
         w = workload_for(spec, rec)
         row = {"case": name}
         try:
-            row.update(measured=measure_case(name, w))
+            row.update(measured=measure_case(w))
         except Exception as exc:  # keep measuring the other cases
             row["error"] = f"{type(exc).__name__}: {exc}"
         row["predicted"] = predict(w)

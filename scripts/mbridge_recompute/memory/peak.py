@@ -61,7 +61,7 @@ class ChunkMemory(NamedTuple):
     replay_layers: int
 
 
-def _forward_ws(sh: Shape, kind: str, mods: frozenset) -> float:
+def _forward_ws(sh: Shape, kind: str) -> float:
     blocks = kind.split("+")
     gather = 0.0
     if sh.sp and sh.t > 1:
@@ -131,7 +131,7 @@ def chunk_memory(sh: Shape, kinds: tuple, mode: RecomputeMode, first: bool, last
                 if d > replay:
                     replay, replay_layers = d, 1
         for k in group:
-            fwd = max(fwd, _forward_ws(sh, k, mode.mods))
+            fwd = max(fwd, _forward_ws(sh, k))
             bwd = max(bwd, _bwd_ws(sh, k))
     if first:
         for x in embedding_tensors(sh):
