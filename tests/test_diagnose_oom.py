@@ -187,6 +187,13 @@ def test_a_harness_run_directory_is_read_through_its_log_txt():
     assert (f["kind"], f["stage"], f["iteration"]) == ("activations", "forward", 2)
 
 
+def test_a_directory_without_log_txt_is_bad_input_to_diagnose_and_compare(tmp_path):
+    for tool in ("diagnose", "compare"):
+        proc = run_script(tool, tmp_path)
+        assert proc.returncode == 2 and proc.stdout == "", tool
+        assert proc.stderr == f"error: {tmp_path}: is a directory without log.txt\n", tool
+
+
 def test_oom_in_a_later_optimizer_step_is_static():
     lines = [lf.iteration_line(it, 20, 500.0) for it in (1, 2, 3)]
     lines += lf.traceback(lf.OPTIMIZER_STEP, lf.oom_message(GIB, CAP, 0.3 * GIB, 77 * GIB, 0.2 * GIB))

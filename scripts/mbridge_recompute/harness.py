@@ -57,13 +57,13 @@ from pathlib import Path
 from typing import Iterable, Optional, Sequence
 
 from mbridge_recompute.errors import InputError
+from mbridge_recompute.logs import CONFIG_DUMP
 from mbridge_recompute.setting import RecomputeSetting
 
 BOOTSTRAP = "scripts/performance/bootstrap.py"
 SETUP_EXPERIMENT = "scripts/performance/setup_experiment.py"
 ARGUMENT_PARSER = "scripts/performance/argument_parser.py"
 LAUNCHERS = ("local", "slurm")
-CONFIG_DUMP = "ConfigContainer.yaml"
 
 # Long options argparse would accept by prefix (allow_abbrev is on in Bridge's
 # parser): any token that is a prefix of one of these, down to the stem, is the

@@ -24,10 +24,9 @@ from pathlib import Path
 from typing import Callable, Optional, Sequence
 
 from mbridge_recompute.errors import InputError
-from mbridge_recompute.harness import CONFIG_DUMP, Run, Sweep
+from mbridge_recompute.harness import Run, Sweep
+from mbridge_recompute.logs import CONFIG_DUMP, LOG, MANIFEST
 
-LOG = "log.txt"
-MANIFEST = "manifest.json"
 OUR_FILES = (LOG, MANIFEST, CONFIG_DUMP)
 
 

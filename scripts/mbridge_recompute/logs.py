@@ -71,6 +71,8 @@ TB_START = re.compile(r"^Traceback \(most recent call last\):")
 TB_FRAME = re.compile(r'^\s+File "([^"]+)", line (\d+), in (\S+)')
 EXC_LINE = re.compile(r"^((?:[A-Za-z_][\w]*\.)*[A-Za-z_]\w*(?:Error|Exception|Warning|Interrupt))(?::\s?(.*))?$")
 
+# One harness run directory, as launch writes it and compare / diagnose read it.
+LOG = "log.txt"
 MANIFEST = "manifest.json"
 CONFIG_DUMP = "ConfigContainer.yaml"     # what the harness passes as --save_config_filepath
 
@@ -314,6 +316,12 @@ class _Stream:
 _CARETS = re.compile(r"^\s*[\^~]+\s*$")      # Python 3.11+ error-location markers
 
 
+def log_of(path) -> Path:
+    """The log a user names: a file as given, or a harness run directory's log.txt."""
+    p = Path(path)
+    return p / LOG if p.is_dir() and (p / LOG).is_file() else p
+
+
 def read_text(path: Path) -> tuple:
     """(text, replaced_count): bytes decoded with errors='replace'; InputError when unreadable."""
     try:
@@ -321,7 +329,7 @@ def read_text(path: Path) -> tuple:
     except FileNotFoundError:
         raise InputError(str(path), "no such file") from None
     except IsADirectoryError:
-        raise InputError(str(path), "is a directory, not a log file") from None
+        raise InputError(str(path), f"is a directory without {LOG}") from None
     except OSError as exc:
         raise InputError(str(path), f"cannot read: {exc.strerror or exc}") from None
     text = data.decode("utf-8", errors="replace")
@@ -418,7 +426,7 @@ def run_name(path: Path, manifest: Optional[dict]) -> str:
     """A run is named by its manifest, else its directory when the log is `log.txt`, else its file stem."""
     if manifest and isinstance(manifest.get("name"), str) and manifest["name"]:
         return manifest["name"]
-    if path.name == "log.txt" and path.parent.name:
+    if path.name == LOG and path.parent.name:
         return path.parent.name
     return path.stem
 

@@ -58,18 +58,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     out.add_argument("--markdown", action="store_true", help="print a markdown table")
 
 
-def _log_path(arg: str):
-    from pathlib import Path
-
-    p = Path(arg)
-    if p.is_dir():
-        log = p / "log.txt"
-        if not log.is_file():
-            raise InputError(arg, "is a directory without log.txt")
-        return log
-    return p
-
-
 def run(args) -> int:
     from mbridge_recompute import compare, logs
     from mbridge_recompute.output import emit
@@ -82,7 +70,7 @@ def run(args) -> int:
         raise InputError("--min-steady-steps", "must be >= 1")
     if not 0.0 <= args.min_saving_pct < 100.0:   # written so that nan fails too
         raise InputError("--min-saving-pct", "must be in [0, 100)")
-    runs = [logs.parse_file(_log_path(a)) for a in args.logs]
+    runs = [logs.parse_file(logs.log_of(a)) for a in args.logs]
     report = compare.compare(runs, args.control, args.steady_from, args.steady_fraction,
                              args.min_steady_steps, args.min_saving_pct)
     if args.markdown:

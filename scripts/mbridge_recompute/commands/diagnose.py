@@ -39,7 +39,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def run(args) -> int:
     import sys
-    from pathlib import Path
 
     from mbridge_recompute import diagnose, logs
     from mbridge_recompute.output import emit
@@ -52,10 +51,7 @@ def run(args) -> int:
         texts.append(data.decode("utf-8", errors="replace"))
         name = "stdin"
     elif args.log is not None:
-        path = Path(args.log)
-        if path.is_dir() and (path / "log.txt").is_file():   # a harness run directory
-            path = path / "log.txt"
-        text, _ = logs.read_text(path)
+        text, _ = logs.read_text(logs.log_of(args.log))
         texts.append(text)
         name = args.log
     if args.message is not None:
