@@ -64,8 +64,11 @@ IRRELEVANT = {
     "mamba_hidden_act", "mamba_proj_bias", "num_logits_to_keep", "rope_interleave",
     "layer_types", "attention_head_dim", "embedding_multiplier", "mtp_hidden_act",
 }
-# Families whose attention has per-head q/k norms without saying so in config.json.
+# Families whose attention has per-head q/k norms without saying so in config.json: their
+# Hugging Face attention modules build q_norm/k_norm unconditionally, and Megatron-Bridge sets
+# qk_layernorm=True for them (models/qwen/qwen3_bridge.py:56 @ Megatron-Bridge 04c9ff7).
 QK_NORM_MODEL_TYPES = {"qwen3", "qwen3_moe", "olmo2", "olmoe"}
+# Gemma's MLP is gated (gate_proj * up_proj) although hidden_act names only the gelu.
 GATED_GELU_MODEL_TYPES = {"gemma", "gemma2", "gemma3", "gemma3_text"}
 
 
