@@ -31,9 +31,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import bridge_formula  # noqa: E402
 from mbridge_recompute import card, memory, selector  # noqa: E402
 from mbridge_recompute.loading import load_workload  # noqa: E402
+from mbridge_recompute.output import GB  # noqa: E402
 from mbridge_recompute.setting import RecomputeSetting  # noqa: E402
 
-GB = 1e9
 TOLERANCE = 0.25          # relative
 FLOOR_GB = 0.2            # below this measured change, compare against 0.2 GB instead
 STUDIES = {               # card evidence id -> the example workload with the study's layout

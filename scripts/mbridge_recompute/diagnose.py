@@ -37,6 +37,7 @@ from typing import Optional
 from mbridge_recompute import signatures
 from mbridge_recompute.logs import EXC_LINE, Run
 from mbridge_recompute.oom import GIB, OOMEvent
+from mbridge_recompute.output import GB
 
 RESERVED_OVER_ALLOCATED = 1.10      # "reserved >> allocated" in a memory report
 NEAR_CAPACITY = 0.85                 # allocated by PyTorch / capacity
@@ -106,7 +107,7 @@ def classify_oom(run: Run, oom: OOMEvent) -> list:
                     f"{_gib(oom.requested)} request")
     rep = _report_for(run, oom)
     if rep and rep.max_allocated_gb and rep.max_reserved_gb:
-        gap_bytes = (rep.max_reserved_gb - rep.max_allocated_gb) * 1e9
+        gap_bytes = (rep.max_reserved_gb - rep.max_allocated_gb) * GB
         if rep.max_reserved_gb >= RESERVED_OVER_ALLOCATED * rep.max_allocated_gb and \
                 (oom.requested is None or gap_bytes >= oom.requested):
             frag.append(f"rank {rep.rank} after {rep.after} iterations: max reserved {rep.max_reserved_gb:.3f} GB "

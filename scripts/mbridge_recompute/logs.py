@@ -34,8 +34,7 @@ from typing import Iterable, Optional
 from mbridge_recompute.errors import InputError
 from mbridge_recompute.oom import (  # noqa: F401 (GIB, OOMEvent, parse_oom re-exported)
     GIB, MIB, Frame, OOMEvent, finite_or_none, oom_stage, parse_oom)
-
-GB = 1e9
+from mbridge_recompute.output import GB
 
 # --- line prefixes added by launchers (torchrun --tee, PyTorch, srun --label, mpirun)
 # (PyTorch's `[rankN]: ` carries one space of its own; torchrun's `[defaultN]:` none)

@@ -9,6 +9,10 @@ import json
 import sys
 from typing import Any, Callable, Iterable, Sequence
 
+# Decimal GB: Bridge's runtime memory report (mem-max-allocated-gigabytes) divides bytes by 1e9,
+# so every GB this package reads, predicts or prints is decimal too.
+GB = 1e9
+
 
 def emit(report: dict, as_json: bool, text: Callable[[dict], str]) -> None:
     if as_json:

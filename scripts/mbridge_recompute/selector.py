@@ -29,9 +29,9 @@ from dataclasses import dataclass, field
 from typing import Optional
 
 from mbridge_recompute.errors import InputError
+from mbridge_recompute.output import GB
 from mbridge_recompute.setting import RecomputeSetting
 
-GB = 1e9                      # decimal GB, as Bridge prints mem-max-allocated-gigabytes
 HEADROOM_FRACTION = 0.05      # default budget: GPU memory minus max(5 %, 2 GB)
 HEADROOM_MIN_GB = 2.0
 MAX_SUBSET_LABELS = 10        # beyond this many useful labels, subsets are capped (never hit in 0.16.1)

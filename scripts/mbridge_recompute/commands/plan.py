@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from mbridge_recompute.errors import EXIT_OK, EXIT_PROBLEM, InputError
+from mbridge_recompute.output import GB
 
 DESCRIPTION = ("Estimate per-pipeline-rank memory, each recompute label's saving and replay cost, "
                "and recommend the cheapest recompute setting whose predicted peak fits the budget. "
@@ -18,8 +19,6 @@ EPILOG = """examples:
                                                  # the sweep: [] control, 3 frontier points, the recommendation
 
 exit codes: 0 a fitting setting exists, 1 nothing fits the budget, 2 unusable input."""
-
-GB = 1e9
 
 
 def add_arguments(parser) -> None:
