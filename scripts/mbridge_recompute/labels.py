@@ -57,3 +57,14 @@ def target_version() -> str:
 def labels_for(version: str) -> list[str]:
     version = resolve_version(version)
     return [e["label"] for e in card.load()["labels"] if version in e["versions"]]
+
+
+def require_known(mods, version: str, field: str) -> None:
+    """InputError naming `field` for the first label megatron-core `version` does not know."""
+    allowed = labels_for(version)
+    unknown = [m for m in mods if m not in allowed]
+    if unknown:
+        from mbridge_recompute.errors import InputError
+
+        raise InputError(field, f"unknown label {unknown[0]!r} for megatron-core "
+                                f"{resolve_version(version)}; valid: {', '.join(allowed)}")

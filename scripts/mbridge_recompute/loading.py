@@ -411,12 +411,7 @@ def validate(w: Workload, version: str) -> None:
         raise InputError("model.recompute_method",
                          f"must be uniform, block or null, got {w.recompute_method!r}")
     if w.recompute_granularity == "selective" and w.recompute_modules:
-        allowed = labels.labels_for(version)
-        unknown = [m for m in w.recompute_modules if m not in allowed]
-        if unknown:
-            raise InputError("model.recompute_modules",
-                             f"unknown label {unknown[0]!r} for megatron-core {version}; "
-                             f"valid: {', '.join(allowed)}")
+        labels.require_known(w.recompute_modules, version, "model.recompute_modules")
 
 
 def read_json(path: str, where: str) -> Any:

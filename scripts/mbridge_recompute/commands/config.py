@@ -93,11 +93,7 @@ def parse_modules(text: str, version: str) -> tuple:
     mods = [m.strip() for m in inner.split(",")]
     if any(not m for m in mods):
         raise InputError("--modules", f"{text!r} has an empty label (one comma-separated token: a,b)")
-    allowed = labels.labels_for(version)
-    for m in mods:
-        if m not in allowed:
-            raise InputError("--modules", f"unknown label {m!r} for megatron-core "
-                             f"{labels.resolve_version(version)}; valid: {', '.join(allowed)}")
+    labels.require_known(mods, version, "--modules")
     seen = set()
     for m in mods:
         if m in seen:
