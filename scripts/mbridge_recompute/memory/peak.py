@@ -290,7 +290,7 @@ def estimate(w, knobs: Knobs = DEFAULT_KNOBS) -> MemoryEstimate:
         transient_i = round(transient)
         ranks.append(RankMemory(
             pp_rank=r, static_bytes=static_total, activation_bytes=activation_i,
-            transient_bytes=transient_i, peak_bytes=static_total + activation_i + transient_i,
+            transient_bytes=transient_i,
             peak_term=term, activations={k: round(x) for k, x in sorted(comp.items())},
             static=static, in_flight_microbatches=sum(best) / v,
             transients={k: round(x) for k, x in trans.items()},

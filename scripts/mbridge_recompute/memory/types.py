@@ -44,7 +44,6 @@ class RankMemory:
     static_bytes: int
     activation_bytes: int            # saved activations of the in-flight micro-batches at the worst moment
     transient_bytes: int             # the largest transient at that moment
-    peak_bytes: int                  # static + activation + transient
     peak_term: str                   # which term set the peak
     activations: dict = field(default_factory=dict)   # component -> bytes (sums to activation_bytes)
     static: dict = field(default_factory=dict)        # weights, grads, optimizer, fp8_weight_copies, residual
@@ -52,6 +51,10 @@ class RankMemory:
     transients: dict = field(default_factory=dict)    # candidate transient -> bytes
     params: int = 0                                   # parameters held by this rank (all chunks)
     layers: int = 0                                   # decoder layers held by this rank (all chunks)
+
+    @property
+    def peak_bytes(self) -> int:
+        return self.static_bytes + self.activation_bytes + self.transient_bytes
 
     def as_dict(self) -> dict:
         return {
