@@ -69,6 +69,8 @@ def test_budget_too_small_exits_1_and_says_it_does_not_fit(run_tool):
 @pytest.mark.parametrize("args, field", [
     (["--budget-gb", "-3"], "--budget-gb"),
     (["--measured-peak-gb", "0"], "--measured-peak-gb"),
+    (["--budget-gb", "1e300"], "--budget-gb"),
+    (["--measured-peak-gb", "1e300"], "--measured-peak-gb"),
     (["--top", "0"], "--top"),
 ])
 def test_bad_numbers_exit_2_naming_the_option(run_tool, args, field):

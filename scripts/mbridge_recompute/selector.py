@@ -101,11 +101,17 @@ def default_budget_bytes(w) -> int:
     return int(cap - max(HEADROOM_FRACTION * cap, HEADROOM_MIN_GB * GB))
 
 
+def gb_to_bytes(value: float, field: str) -> int:
+    """A user's positive GB figure in bytes, or InputError naming `field`."""
+    nbytes = value * GB
+    if not math.isfinite(nbytes) or value <= 0:   # nan, inf, and 1e300 GB (inf bytes)
+        raise InputError(field, f"must be a positive, finite number of GB, got {value}")
+    return int(nbytes)
+
+
 def budget_statement(w, budget_gb: Optional[float]) -> tuple[int, str]:
     if budget_gb is not None:
-        if not math.isfinite(budget_gb) or budget_gb <= 0:
-            raise InputError("--budget-gb", f"must be a positive number of GB, got {budget_gb}")
-        return int(budget_gb * GB), f"budget {budget_gb:g} GB per GPU (--budget-gb)"
+        return gb_to_bytes(budget_gb, "--budget-gb"), f"budget {budget_gb:g} GB per GPU (--budget-gb)"
     b = default_budget_bytes(w)
     return b, (f"budget {b / GB:.2f} GB = cluster.gpu_memory_gb {w.gpu_memory_gb:g} GB minus a headroom of "
                f"max({HEADROOM_FRACTION:.0%}, {HEADROOM_MIN_GB:g} GB) for allocator fragmentation and "
@@ -343,8 +349,7 @@ def plan(w, budget_gb: Optional[float] = None, measured_peak_gb: Optional[float]
     from mbridge_recompute.rules import check_workload
 
     budget, budget_text = budget_statement(w, budget_gb)
-    if measured_peak_gb is not None and (not math.isfinite(measured_peak_gb) or measured_peak_gb <= 0):
-        raise InputError(measured_source, f"must be a positive number of GB, got {measured_peak_gb}")
+    measured_bytes = None if measured_peak_gb is None else gb_to_bytes(measured_peak_gb, measured_source)
 
     current = memory.estimate(w)
     effects = [e for e in memory.label_effects(w, version=version)]
@@ -360,8 +365,8 @@ def plan(w, budget_gb: Optional[float] = None, measured_peak_gb: Optional[float]
     cands, labels, dropped = search(w, effects, control_cand, check, baseline_errors, version)
 
     calibration = None
-    if measured_peak_gb is not None:
-        calibration = Calibration(int(measured_peak_gb * GB), control_cand.model_peak_bytes, measured_source)
+    if measured_bytes is not None:
+        calibration = Calibration(measured_bytes, control_cand.model_peak_bytes, measured_source)
         for c in cands:
             c.peak_bytes = c.model_peak_bytes + calibration.offset_bytes
     for c in cands:
