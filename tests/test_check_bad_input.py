@@ -14,6 +14,7 @@ CASES = {
     "wrong type": ("model:\n  num_layers: eighty\n", [], "model.num_layers"),
     "negative size": ("model:\n  hidden_size: -1\n", [], "model.hidden_size"),
     "size past any index": ("model:\n  num_layers: 99999999999999999999\n", [], "model.num_layers"),
+    "infinite GPU memory": ("cluster:\n  gpu_memory_gb: .inf\n", [], "cluster.gpu_memory_gb"),
     "zero size": ("train:\n  micro_batch_size: 0\n", [], "train.micro_batch_size"),
     "unknown label": ("model:\n  recompute_granularity: selective\n  recompute_modules: [bogus]\n", [],
                       "model.recompute_modules"),

@@ -84,6 +84,7 @@ def test_bare_keys_go_to_their_section():
     (["cluster.num_gpus=33"], "cluster.num_gpus"),
     (["model.sequence_parallel=yes please"], "model.sequence_parallel"),
     (["model.seq_length=99999999999999999999"], "model.seq_length"),
+    (["cluster.gpu_memory_gb=.nan"], "cluster.gpu_memory_gb"),
     (["model.num_layers=20000", "model.pipeline_model_parallel_size=1"], "model.num_layers"),
     (["train.global_batch_size=2000000000", "train.micro_batch_size=1"], "train.global_batch_size"),
     (["model.first_k_dense_replace=99999999999999999999"], "model.first_k_dense_replace"),

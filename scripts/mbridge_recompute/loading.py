@@ -103,8 +103,9 @@ _CHOICES = {
 # Bounds on counts. Sizes are multiplied as Python ints and the model walks every layer and
 # every micro-batch one by one, so an extra run of digits would surface as an OverflowError,
 # a MemoryError or a run that never ends; these bounds make it exit 2 naming the field.
-# 2**31 - 1 is far above any real size; the layer and micro-batch bounds keep `plan` within
-# seconds to minutes per pipeline stage.
+# 2**31 - 1 is far above any real size (it bounds float figures such as cluster.gpu_memory_gb
+# too, whose bytes would otherwise overflow to inf); the layer and micro-batch bounds keep
+# `plan` within seconds to minutes per pipeline stage.
 MAX_INT = 2**31 - 1
 MAX_LAYERS = 10_000
 MAX_MICROBATCHES = 1_000_000
@@ -167,6 +168,8 @@ def _coerce(name: str, value: Any, where: str) -> Any:
     if base == "float":
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             raise InputError(where, f"must be a number, got {value!r}")
+        if not abs(value) <= MAX_INT:   # written so that nan fails too (YAML reads .nan, .inf)
+            raise InputError(where, f"must be a finite number of at most {MAX_INT}, got {value}")
         if name in _POSITIVE and value <= 0:
             raise InputError(where, f"must be positive, got {value}")
         if name.endswith("dropout") and not 0 <= value < 1:
