@@ -110,6 +110,17 @@ MAX_INT = 2**31 - 1
 MAX_LAYERS = 10_000
 MAX_MICROBATCHES = 1_000_000
 
+# TransformerConfig fields outside Workload that the memory model reads (memory/shape.py,
+# memory/peak.py): checked here like Workload fields, so a bad value is exit 2 naming it
+# rather than a ValueError deep in the model. The others are passed through untouched.
+_EXTRA_SIZES = frozenset({"microbatch_group_size_per_vp_stage", "mamba_head_dim", "mamba_num_heads",
+                          "mamba_num_groups", "mamba_state_dim", "linear_num_key_heads",
+                          "linear_num_value_heads", "linear_key_head_dim", "linear_value_head_dim"})
+_EXTRA_FLAGS = frozenset({"bias_activation_fusion", "use_te_activation_func",
+                          "use_fused_weighted_squared_relu", "moe_shared_expert_gate",
+                          "deallocate_pipeline_outputs", "cross_entropy_loss_fusion",
+                          "use_mamba_mem_eff_path", "apply_rope_fusion"})
+
 # Optimizer-state dtypes, normalised. A Bridge dump writes a torch dtype as
 # {_target_: torch.bfloat16, _call_: false}; TE FusedAdam takes uint8 (fp8) moments.
 _DTYPE_FIELDS = ("main_params_dtype", "main_grads_dtype", "exp_avg_dtype", "exp_avg_sq_dtype")
@@ -184,6 +195,17 @@ def _coerce(name: str, value: Any, where: str) -> Any:
     return value
 
 
+def _coerce_extra(name: str, value: Any, where: str) -> Any:
+    if value is None:
+        return None
+    if name in _EXTRA_SIZES and (isinstance(value, bool) or not isinstance(value, int)
+                                 or not 0 < value <= MAX_INT):
+        raise InputError(where, f"must be a positive integer of at most {MAX_INT}, got {value!r}")
+    if name in _EXTRA_FLAGS and not isinstance(value, bool):
+        raise InputError(where, f"must be true or false, got {value!r}")
+    return value
+
+
 def _dtype_name(value: Any, where: str) -> str:
     if isinstance(value, dict) and "_target_" in value:
         value = value["_target_"]
@@ -251,7 +273,7 @@ def _sections_to_fields(data: dict, origin: str) -> tuple[dict, dict]:
                     fields.setdefault("_first_k_dense", (value, kw))
                 elif key in known:
                     if key in mcore_field_names():
-                        extra[key] = value
+                        extra[key] = _coerce_extra(key, value, kw)
                 else:
                     raise InputError(kw, f"unknown model field{_suggest(key, known)}")
         elif section in mapped:
