@@ -125,6 +125,14 @@ def test_plot_writes_a_png_and_refuses_to_overwrite_without_force(run_tool, tmp_
     assert p.returncode in (0, 1) and png.read_bytes()[:4] == b"\x89PNG"
 
 
+@pytest.mark.parametrize("target", ["a_file/x.png", "a_dir.png"])
+def test_a_plot_target_that_cannot_be_a_file_is_bad_input(run_tool, tmp_path, target):
+    (tmp_path / "a_file").write_text("user data")
+    (tmp_path / "a_dir.png").mkdir()
+    p = run_tool("plan", MOONLIGHT, "--plot", str(tmp_path / target), "--force")
+    assert p.returncode == 2 and p.stderr.startswith("error: --plot:") and p.stderr.count("\n") == 1
+
+
 def test_the_harness_takes_the_plan_json_directly(tmp_path, moonlight_json):
     from mbridge_recompute import harness
     from mbridge_recompute.setting import RecomputeSetting

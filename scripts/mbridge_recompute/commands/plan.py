@@ -179,9 +179,11 @@ def render_text(r: dict, top: int = 15) -> str:
 def _check_plot_target(path: Path, force: bool) -> None:
     if path.suffix.lower() not in (".png", ".svg", ".pdf"):
         raise InputError("--plot", f"{path}: use a .png, .svg or .pdf file name")
+    if path.is_dir():
+        raise InputError("--plot", f"{path} is a directory")
     if path.exists() and not force:
         raise InputError("--plot", f"{path} exists; pass --force to overwrite it")
-    if not path.parent.exists():
+    if not path.parent.is_dir():
         raise InputError("--plot", f"no such directory: {path.parent}")
 
 
@@ -220,8 +222,12 @@ def _plot(r: dict, path: Path) -> str:
     ax.legend(fontsize=8)
     ax.set_title("candidates: peak vs replay cost", fontsize=9)
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    try:
+        fig.savefig(path, dpi=120)
+    except OSError as exc:       # e.g. a read-only directory
+        raise InputError("--plot", f"cannot write {path}: {exc.strerror or exc}") from None
+    finally:
+        plt.close(fig)
     return str(path)
 
 
