@@ -100,6 +100,14 @@ def test_launch_refuses_a_non_empty_run_dir_without_force(standin, tmp_path):
     assert (out / "empty" / "notes.txt").read_text() == "mine"   # --force only replaces our own files
 
 
+def test_launch_into_an_out_dir_below_a_file_is_bad_input(standin, tmp_path):
+    repo, env, _ = standin
+    (tmp_path / "a_file").write_text("user data")
+    proc = launch(repo, env, tmp_path / "a_file" / "runs", "[]")
+    assert proc.returncode == 2 and proc.stderr.startswith("error: --out: cannot create")
+    assert "Traceback" not in proc.stderr and (tmp_path / "a_file").read_text() == "user data"
+
+
 def test_failed_run_makes_exit_1_and_the_sweep_goes_on(standin, tmp_path):
     repo, env, _ = standin
     out = tmp_path / "runs"

@@ -65,7 +65,10 @@ def prepare_run_dirs(sweep: Sweep, force: bool) -> None:
                 raise InputError("--out", f"run dir {d} is not empty (use --force to reuse it)")
     for run in sweep.runs:
         d = Path(run.run_dir)
-        d.mkdir(parents=True, exist_ok=True)
+        try:
+            d.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:   # a parent that is a file, a read-only directory
+            raise InputError("--out", f"cannot create {d}: {exc.strerror or exc}") from None
         for name in OUR_FILES:
             (d / name).unlink(missing_ok=True)
 
