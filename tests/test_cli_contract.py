@@ -172,6 +172,17 @@ def test_an_unknown_option_exits_2_without_a_traceback(tool, fake_bridge, fake_p
     assert "--no-such-option" in r.stderr
 
 
+@pytest.mark.parametrize("tool, option, value", [
+    ("tests", "--timeout", "nan"), ("tests", "--timeout", "inf"),
+    ("harness", "--timeout", "nan"), ("harness", "--grace", "inf"),
+])
+def test_a_non_finite_number_of_seconds_is_bad_input(tool, option, value, fake_bridge, fake_package):
+    required = {"harness": ["--repo", str(fake_bridge), "--candidates", "[]"],
+                "tests": ["--repo", str(fake_package)]}[tool]
+    r = run_script(tool, *required, option, value)
+    assert r.returncode == 2 and r.stderr.startswith(f"error: {option}:") and "Traceback" not in r.stderr
+
+
 def test_a_bad_set_value_names_the_field():
     r = run_script("check", "--validator", "builtin", "--set", "model.tensor_model_parallel_size=0")
     assert r.returncode == 2

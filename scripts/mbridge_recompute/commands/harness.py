@@ -75,10 +75,11 @@ def run(args) -> int:
     # light start: nothing heavy is imported anywhere on this path
     from mbridge_recompute import harness, parsercheck
 
-    if args.timeout is not None and args.timeout <= 0:
-        raise InputError("--timeout", "must be > 0 seconds")
-    if args.grace < 0:
-        raise InputError("--grace", "must be >= 0 seconds")
+    # `not 0 < x < inf` so that nan and inf fail too (argparse's float() reads both)
+    if args.timeout is not None and not 0 < args.timeout < float("inf"):
+        raise InputError("--timeout", "must be > 0 seconds (and finite)")
+    if not 0 <= args.grace < float("inf"):
+        raise InputError("--grace", "must be >= 0 seconds (and finite)")
     plan_notes: list = []
     if args.from_plan:
         settings = harness.candidates_from_plan(args.from_plan, with_control=not args.no_control,

@@ -44,8 +44,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def run(args) -> int:
     from mbridge_recompute import testrunner
 
-    if args.timeout is not None and args.timeout <= 0:
-        raise InputError("--timeout", "must be > 0 seconds")
+    # `not 0 < x < inf` so that nan and inf fail too (argparse's float() reads both)
+    if args.timeout is not None and not 0 < args.timeout < float("inf"):
+        raise InputError("--timeout", "must be > 0 seconds (and finite)")
 
     def echo(line: str) -> None:
         sys.stderr.write(line + "\n")
