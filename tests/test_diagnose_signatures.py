@@ -236,3 +236,28 @@ def test_oom_findings_come_before_error_findings():
     lines += ["NameError: name 'FP8GlobalStateManager' is not defined"]
     rep = diagnose.diagnose(logs.parse_lines(lines))
     assert [f["kind"] for f in rep["findings"]] == ["activations", "runtime"]
+
+
+def test_the_quoted_head_of_a_long_message_is_recognised(run_tool):
+    """SKILL.md and people quote "Invalid choices for recompute_modules: {''}" without the
+    ". Allowed modules are: ..." tail; the head alone names the rule."""
+    for text in ("Invalid choices for recompute_modules: {''}",
+                 "AssertionError: Invalid choices for recompute_modules: {' layernorm'}"):
+        p = run_tool("diagnose", "--message", text, "--json")
+        assert p.returncode == 0, p.stdout
+        ids = [f.get("constraint_id") for f in json.loads(p.stdout)["findings"]]
+        assert "modules-invalid-label" in ids
+
+
+def test_a_head_shared_by_two_messages_decides_nothing():
+    """A head alone is accepted only when exactly one signature starts with it."""
+    from mbridge_recompute.signatures import Signature, match_line
+
+    head = "When using recompute_granularity with a long shared head:"
+    a = Signature(id="a", kind="config", pattern=re.escape(head) + r" .*? first", fix="", source="",
+                  anchor="granularity", prefix=head)
+    b = Signature(id="b", kind="config", pattern=re.escape(head) + r" .*? second", fix="", source="",
+                  anchor="granularity", prefix=head)
+    assert match_line(head + " {x}", (a,)) is a
+    assert match_line(head + " {x}", (a, b)) is None
+    assert match_line(head + " y second", (a, b)) is b

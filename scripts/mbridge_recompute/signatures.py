@@ -42,6 +42,7 @@ class Signature:
     frames: tuple = ()                      # one of these functions must be in the traceback
     anchor: str = ""                        # literal substring every match contains (fast prefilter)
     message: str = ""                       # the upstream text (line signatures of the runtime table)
+    prefix: str = ""                        # literal text before the first {part}, when distinctive
 
     @property
     def regex(self) -> re.Pattern:
@@ -204,8 +205,18 @@ def card_signatures() -> tuple:
         kind = "config" if c.get("kind") in ("config", "training-args") else "runtime"
         out.append(Signature(id=c["id"], kind=kind, pattern=pattern, anchor=anchor, fix=c.get("fix", ""),
                              source=c.get("source", ""), cause=c.get("condition", ""),
-                             severity=c.get("severity", "error"), constraint_id=c["id"]))
+                             severity=c.get("severity", "error"), constraint_id=c["id"],
+                             prefix=_distinctive_prefix(msg)))
     return tuple(out)
+
+
+def _distinctive_prefix(message: str) -> str:
+    """The text before a message's first {part}, if long enough to name it on its own.
+
+    People quote the head of a long message ("Invalid choices for recompute_modules: {''}")
+    and drop its tail; the head alone still identifies the rule."""
+    head = message.split("{", 1)[0]
+    return head.strip() if "{" in message and len(head.strip()) >= 30 else ""
 
 
 @lru_cache(maxsize=1)
@@ -238,7 +249,9 @@ def match_line(line: str, sigs: tuple) -> Optional[Signature]:
     for s in [s for a, s in _line_pairs(sigs) if a in line]:
         if s.regex.search(line):
             return s
-    return None
+    # a quoted head without the message's tail: accept it only when one signature has that head
+    heads = [s for _, s in _line_pairs(sigs) if s.prefix and s.prefix in line]
+    return heads[0] if len(heads) == 1 else None
 
 
 def match_exception(exc_type: str, message: str, frames: list, sigs: tuple) -> Optional[Signature]:
