@@ -219,3 +219,17 @@ def test_plot_draws_per_rank_stacked_bars_next_to_the_frontier(tmp_path):
         [pytest.approx(r["static_bytes"], rel=1e-6) for r in report["ranks"]]
     assert len(bars.patches) > 2 * pp          # static + at least one activation part + transient
     assert frontier.get_xlabel().startswith("modelled replay cost")
+
+
+def test_top_sets_how_many_neighbours_the_matched_sweep_takes(run_tool):
+    """plan --top N: the [] control, the recommendation and its N nearest fitting neighbours."""
+    args = ("examples/moonlight_16b.yaml", "--measured-peak-gb", "36.618", "--budget-gb", "36.1", "--json")
+    sweeps = {}
+    for top in (1, 3):
+        p = run_tool("plan", *args, "--top", str(top))
+        assert p.returncode == 0, p.stderr
+        r = json.loads(p.stdout)
+        sweeps[top] = r["harness_candidates"]
+        assert sweeps[top][:2] == ["[]", r["recommendation"]["name"]]
+    assert len(sweeps[1]) == 3 and len(sweeps[3]) == 5
+    assert sweeps[3][:3] == sweeps[1]

@@ -122,3 +122,11 @@ def test_embedded_default_workload_is_the_llama3_70b_example():
     embedded = yaml.safe_load((DATA / "default_workload.yaml").read_text())
     example = yaml.safe_load((EXAMPLES / "llama3_70b_fp8.yaml").read_text())
     assert embedded == example
+
+
+def test_te_version_must_stay_text():
+    """YAML reads 2.10 as the number 2.1; a version given as a bare number is refused."""
+    with pytest.raises(InputError) as info:
+        load_workload(default=True, sets=["cluster.te_version=2.10"])
+    assert info.value.field == "cluster.te_version" and "2.1" in info.value.reason
+    assert load_workload(default=True, sets=["cluster.te_version=2.10.0"]).te_version == "2.10.0"

@@ -145,6 +145,10 @@ def _coerce(name: str, value: Any, where: str) -> Any:
         return _activation_name(value, where)
     if name in _DTYPE_FIELDS:
         return _dtype_name(value, where)
+    if name == "te_version" and isinstance(value, (int, float)) and not isinstance(value, bool):
+        # YAML reads 2.8 as a number and 2.10 as 2.1: a version must stay text
+        raise InputError(where, f"write the version as text, e.g. 2.8.0 or \"2.8\" "
+                                f"(YAML reads a bare {value!r} as a number; 2.10 would become 2.1)")
     if "list" in t and isinstance(value, (list, tuple)):
         if name in ("recompute_modules", "offload_modules", "cuda_graph_scope"):
             bad = [v for v in value if not isinstance(v, str) or not v.strip()]

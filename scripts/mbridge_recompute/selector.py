@@ -262,16 +262,16 @@ def recommend(cands: list[Candidate]) -> tuple[Optional[Candidate], bool]:
     return min(allowed, key=lambda c: (c.peak_bytes, c.cost_pct)), False
 
 
-def harness_candidates(rec: Optional[Candidate], frontier: list[Candidate], limit: int = 3) -> list[str]:
-    """The matched sweep: the [] control, the recommendation and its nearest fitting frontier neighbours."""
+def harness_candidates(rec: Optional[Candidate], frontier: list[Candidate], neighbours: int = 2) -> list[str]:
+    """The matched sweep: the [] control, the recommendation and its `neighbours` nearest
+    (in replay cost) fitting frontier points."""
     out = ["[]"]
     if rec is None or rec.name in ("[]", "none"):
         return out                       # nothing to recompute: the control run alone confirms the fit
     out.append(rec.name)
     fitting = [c for c in frontier if c.fits and c.setting.granularity is not None and c.name not in out]
     fitting.sort(key=lambda c: abs(c.cost_pct - rec.cost_pct))
-    out += [c.name for c in fitting[:max(0, limit - len(out) + 1)]]
-    return out
+    return out + [c.name for c in fitting[:neighbours]]
 
 
 # --------------------------------------------------------------------------- calibration
@@ -343,7 +343,8 @@ def diagnose_no_fit(current, rec: Optional[Candidate], budget: int) -> str:
 # --------------------------------------------------------------------------- the plan
 
 def plan(w, budget_gb: Optional[float] = None, measured_peak_gb: Optional[float] = None,
-         measured_source: str = "--measured-peak-gb", version: Optional[str] = None) -> dict:
+         measured_source: str = "--measured-peak-gb", version: Optional[str] = None,
+         neighbours: int = 2) -> dict:
     """The whole planning report (plain data; sizes in bytes)."""
     from mbridge_recompute import memory
     from mbridge_recompute.rules import check_workload
@@ -437,7 +438,7 @@ def plan(w, budget_gb: Optional[float] = None, measured_peak_gb: Optional[float]
         "recommendation": recommendation,
         "fits": fits,
         "diagnosis": diagnosis,
-        "harness_candidates": harness_candidates(rec, frontier),
+        "harness_candidates": harness_candidates(rec, frontier, neighbours),
         "calibration": calibration.as_dict() if calibration else None,
         "workload_findings": [f for f in baseline["findings"] if f["severity"] == "error"],
         "assumptions": assumptions,

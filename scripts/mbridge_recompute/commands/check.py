@@ -18,7 +18,7 @@ EPILOG = """examples:
   check_config.py                                   # the embedded default workload
   check_config.py examples/llama3_70b_fp8.yaml --json
   check_config.py w.yaml --set model.recompute_modules=[moe_act] --validator builtin
-  check_config.py w.yaml --set cluster.te_version=2.8   # decide Transformer Engine gated rules
+  check_config.py w.yaml --set cluster.te_version=2.8.0 # decide Transformer Engine gated rules
 
 exit codes: 0 no error finding, 1 at least one error finding, 2 unusable input"""
 

@@ -34,7 +34,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     src = p.add_mutually_exclusive_group(required=True)
     src.add_argument("--candidates", nargs="+", metavar="CANDIDATE", help="recompute settings to sweep")
     src.add_argument("--from-plan", metavar="PLAN.json",
-                     help="take the candidates a `plan --json` report proposes (frontier + recommendation)")
+                     help="take the candidates a `plan --json` report proposes (its harness_candidates; without them, its frontier and recommendation)")
     p.add_argument("--no-control", action="store_true",
                    help="with --from-plan: do not add the '[]' control run")
     p.add_argument("--launcher", choices=["local", "slurm"], default="local",
@@ -126,7 +126,7 @@ def run(args) -> int:
             r[key] = m.get(key) if m else None
         r["manifest"] = f"{r['run_dir']}/{launch.MANIFEST}" if m else None
     logs = " ".join(shlex.quote(r["log"]) for r in report["runs"] if r.get("log"))
-    report["next"] = f"python scripts/compare_runs.py {logs}" if logs else None
+    report["next"] = f"python3 scripts/compare_runs.py {logs}" if logs else None
     report["ok"] = len(manifests) == len(sweep.runs) and all(m["returncode"] == 0 and m["status"] == "ok"
                                                              for m in manifests)
     emit(report, args.json, _text)

@@ -16,7 +16,7 @@ EPILOG = """examples:
   plan.py --model deepseek-v3 --set model.virtual_pipeline_model_parallel_size=2
   plan.py WORKLOAD.yaml --measured-peak-gb 66.3  # anchor to the measured [] control peak
   plan.py WORKLOAD.yaml --top 3 --json > plan.json && run_harness.py --from-plan plan.json ...
-                                                 # the sweep: [] control, 3 frontier points, the recommendation
+                                                 # the sweep: [] control, the recommendation, 3 neighbours
 
 exit codes: 0 a fitting setting exists, 1 nothing fits the budget, 2 unusable input."""
 
@@ -38,7 +38,9 @@ def add_arguments(parser) -> None:
     parser.add_argument("--force", action="store_true", help="overwrite the --plot file if it exists")
     parser.add_argument("--top", type=int, metavar="N",
                         help="keep only the N frontier points nearest the recommendation in cost "
-                             "(text and JSON; also what run_harness.py --from-plan sweeps)")
+                             "(text and JSON), and sweep the recommendation's N nearest fitting "
+                             "neighbours in harness_candidates, what run_harness.py --from-plan "
+                             "runs (default 2)")
 
 
 def run(args) -> int:
@@ -55,7 +57,8 @@ def run(args) -> int:
     if args.measured:
         measured, source = selector.measured_peak_from_compare(args.measured), f"--measured {args.measured}"
     report = selector.plan(w, budget_gb=args.budget_gb, measured_peak_gb=measured,
-                           measured_source=source, version=args.mcore_version)
+                           measured_source=source, version=args.mcore_version,
+                           neighbours=args.top if args.top is not None else 2)
     if args.model:
         from mbridge_recompute import catalog
 
