@@ -88,7 +88,7 @@ def study_rows(ev: dict) -> list[dict]:
     base_it = base_row.get("peak_after_iteration")
     base_pred = _peak_at(base_est, base_w, base_it)
     at = f" after iteration 1 (steady state {base_hot.peak_bytes / GB:.2f} GB)" if base_it == 1 else ""
-    out = [{"study": ev["id"], "setting": selector.harness_name(base_setting), "baseline": True,
+    out = [{"study": ev["id"], "setting": base_setting.candidate(), "baseline": True,
             "measured_peak_gb": base_meas, "predicted_peak_gb": base_pred / GB, "predicted_at": at,
             "predicted_activation_gb": base_hot.activation_bytes / GB,
             "bridge_activation_gb": bridge_formula.activation_bytes(base_w) / GB,
@@ -107,7 +107,7 @@ def study_rows(ev: dict) -> list[dict]:
         pred = (_peak_at(est, ws, row_it) - base_pred) / GB
         bridge = bridge_formula.predicted_delta_bytes(base_w, setting) / GB
         meas_peak = _peak_gb(row)
-        rec = {"study": ev["id"], "setting": selector.harness_name(setting), "baseline": False,
+        rec = {"study": ev["id"], "setting": setting.candidate(), "baseline": False,
                "measured_peak_gb": meas_peak, "predicted_peak_gb": hot.peak_bytes / GB,
                "predicted_delta_gb": pred, "bridge_delta_gb": bridge, "outcome": row.get("outcome")}
         if meas_peak is None or base_meas is None:

@@ -279,13 +279,9 @@ def test_from_plan_leaves_out_entries_the_plan_rejects_and_says_so(checkout, tmp
     assert any("moe-recompute-with-ep-overlap" in n for n in report["notes"])
 
 
-def harness_name(candidate: str) -> str:
+def test_from_plan_reads_what_plan_json_writes(checkout, tmp_path):
     from mbridge_recompute.setting import RecomputeSetting
 
-    return RecomputeSetting.parse(candidate).name()
-
-
-def test_from_plan_reads_what_plan_json_writes(checkout, tmp_path):
     plan = run_script("plan", "--json")
     assert plan.returncode in (0, 1), plan.stderr
     path = tmp_path / "plan.json"
@@ -296,7 +292,7 @@ def test_from_plan_reads_what_plan_json_writes(checkout, tmp_path):
     runs = json.loads(proc.stdout)["runs"]
     assert runs[0]["name"] == "empty"
     # the plan's short list is what gets swept, the recommendation among it
-    assert [r["name"] for r in runs] == [harness_name(t) for t in data["harness_candidates"]]
+    assert [r["name"] for r in runs] == [RecomputeSetting.parse(t).name() for t in data["harness_candidates"]]
     got = {json.dumps(r["setting"], sort_keys=True) for r in runs}
     for e in [data["recommendation"]]:
         fields = {k: e[k] for k in ("recompute_granularity", "recompute_modules", "recompute_method",

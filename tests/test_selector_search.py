@@ -37,7 +37,7 @@ def test_moe_is_never_combined_with_the_labels_it_contains():
 def test_uniform_counts_divide_every_model_chunk_and_block_spans_the_chunk():
     w = load_workload(default=True)                     # 80 layers, PP 4 x VPP 5: chunks of 4
     assert set(selector.chunk_layer_counts(w)) == {4}
-    names = [selector.harness_name(s) for s in selector.full_settings(w)]
+    names = [s.candidate() for s in selector.full_settings(w)]
     assert names == ["uniform:1", "uniform:2", "uniform:4", "block:1", "block:2", "block:3", "block:4"]
     m = load_workload(str(EXAMPLES / "moonlight_16b.yaml"))   # PP 1: one chunk of 27
     assert [s.num_layers for s in selector.full_settings(m) if s.method == "uniform"] == [1, 3, 9, 27]

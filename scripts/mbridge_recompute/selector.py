@@ -60,7 +60,7 @@ class Candidate:
 
     @property
     def name(self) -> str:
-        return harness_name(self.setting)
+        return self.setting.candidate()
 
     def as_dict(self) -> dict:
         d = {"name": self.name, "describe": self.setting.describe()}
@@ -87,11 +87,6 @@ class Calibration:
         return {"measured_peak_bytes": self.measured_peak_bytes,
                 "control_model_peak_bytes": self.control_model_peak_bytes,
                 "offset_bytes": self.offset_bytes, "source": self.source}
-
-
-def harness_name(s: RecomputeSetting) -> str:
-    """The candidate string `run_harness.py --candidates` and RecomputeSetting.parse take."""
-    return s.candidate()
 
 
 # --------------------------------------------------------------------------- budget
