@@ -19,8 +19,8 @@ import pytest
 import yaml
 
 from conftest import ROOT
-from mbridge_recompute import card
-from mbridge_recompute.card_schema import check_file, validate
+from mbridge_recompute.facts import card
+from mbridge_recompute.facts.card_schema import check_file, validate
 
 PACKAGE_CARD = card.CARD_PATH
 TOP_CARD = ROOT / "card.yaml"
@@ -350,14 +350,14 @@ def test_schema_command_line_exit_codes(tmp_path):
 
     from conftest import SCRIPTS
 
-    good = subprocess.run([sys.executable, "-m", "mbridge_recompute.card_schema", str(PACKAGE_CARD)],
+    good = subprocess.run([sys.executable, "-m", "mbridge_recompute.facts.card_schema", str(PACKAGE_CARD)],
                           cwd=SCRIPTS, capture_output=True, text=True)
     assert (good.returncode, good.stderr) == (0, "")
     data = _card()
     data["limitations"].append({"id": "y", "text": 3})
     bad_path = tmp_path / "card.yaml"
     bad_path.write_text(yaml.safe_dump(data))
-    bad = subprocess.run([sys.executable, "-m", "mbridge_recompute.card_schema", str(bad_path)],
+    bad = subprocess.run([sys.executable, "-m", "mbridge_recompute.facts.card_schema", str(bad_path)],
                          cwd=SCRIPTS, capture_output=True, text=True)
     assert bad.returncode == 1
     assert bad.stderr.strip().splitlines() == [

@@ -6,9 +6,9 @@ import json
 
 import pytest
 
-from mbridge_recompute import hf_config
+from mbridge_recompute.inputs import hf_config
 from mbridge_recompute.errors import InputError
-from mbridge_recompute.loading import load_workload
+from mbridge_recompute.inputs.loading import load_workload
 
 LLAMA = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "num_hidden_layers": 32,
          "hidden_size": 4096, "num_attention_heads": 32, "num_key_value_heads": 8,

@@ -13,7 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from mbridge_recompute import card, labels
+from mbridge_recompute.facts import card
+from mbridge_recompute.facts import releases
 from mbridge_recompute.rules import builtin, differential, live
 
 
@@ -48,7 +49,7 @@ def test_every_rejection_maps_to_a_card_constraint(results):
 
 def test_matrix_exercises_every_0_16_1_config_constraint(results):
     """Each config rule of the installed version is decided by megatron-core in at least one case."""
-    version = labels.target_version()
+    version = releases.target_version()
     config_ids = {c["id"] for c in card.constraints()
                   if c["kind"] == "config" and version in [str(v) for v in c["versions"]]}
     seen = {r.live[1] for r in results} | set().union(*(r.live_warnings for r in results))
@@ -88,7 +89,7 @@ def test_card_messages_appear_in_the_installed_source_at_the_cited_lines():
     """Each 0.16.1 config constraint's message is the string literal at its cited lines."""
     import megatron.core as mc
 
-    if labels.installed_mcore_version() != "0.16.1":
+    if releases.installed_mcore_version() != "0.16.1":
         pytest.fail("this check reads megatron-core 0.16.1 line numbers")
     root = Path(mc.__file__).parent
     files = {"transformer_config.py": root / "transformer" / "transformer_config.py",

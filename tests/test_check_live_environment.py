@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from mbridge_recompute.loading import load_workload
+from mbridge_recompute.inputs.loading import load_workload
 from mbridge_recompute.rules import check_workload
 from mbridge_recompute.rules.live import te_importable
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import pytest
 
-from mbridge_recompute import card
+from mbridge_recompute.facts import card
 from mbridge_recompute.rules import builtin, check_workload, errors_only, live
 from mbridge_recompute.workload import Workload
 
@@ -426,7 +426,7 @@ def test_mhc_rules_apply_to_main_only():
 
 def test_moe_router_needs_transformer_engine_in_0_16_1():
     """0.16.1's router gating reads te_general_gemm, undefined without TE (moe_utils.py:1192)."""
-    from mbridge_recompute.loading import load_workload
+    from mbridge_recompute.inputs.loading import load_workload
     from mbridge_recompute.rules import check_workload
 
     moe = ["model.num_moe_experts=8", "model.moe_router_topk=2", "model.moe_ffn_hidden_size=1024",

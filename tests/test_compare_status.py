@@ -14,12 +14,13 @@ FIXTURES = ROOT / "tests" / "fixtures" / "logs"
 sys.path.insert(0, str(FIXTURES))
 
 import logformat as lf  # noqa: E402
-from mbridge_recompute import compare, logs  # noqa: E402
+from mbridge_recompute.logs import compare  # noqa: E402
+from mbridge_recompute.logs import runlog
 from mbridge_recompute.errors import InputError  # noqa: E402
 
 
 def summary(name: str, **kw) -> dict:
-    return compare.summarize(logs.parse_file(FIXTURES / name), **kw)
+    return compare.summarize(runlog.parse_file(FIXTURES / name), **kw)
 
 
 @pytest.mark.parametrize("fixture,status,stage", [
@@ -44,9 +45,9 @@ def test_status_follows_the_measurement_contract(fixture, status, stage):
 
 def test_pass_needs_the_optimizer_initialised():
     lines = [lf.iteration_line(1, 1, 5000.0)]
-    s = compare.summarize(logs.parse_lines(lines))
+    s = compare.summarize(runlog.parse_lines(lines))
     assert s["status"] == "incomplete" and not s["optimizer_initialised"]
-    s = compare.summarize(logs.parse_lines([lf.iteration_line(1, 2, 5000.0), lf.iteration_line(2, 2, 500.0)]))
+    s = compare.summarize(runlog.parse_lines([lf.iteration_line(1, 2, 5000.0), lf.iteration_line(2, 2, 500.0)]))
     assert s["status"] == "pass"
 
 
@@ -75,13 +76,13 @@ def test_steady_window_excludes_the_warmup_iteration():
 
 def test_log_interval_is_inferred_for_the_expected_steps():
     lines = [lf.iteration_line(it, 20, 400.0) for it in range(5, 21, 5)]
-    s = compare.summarize(logs.parse_lines(lines))
+    s = compare.summarize(runlog.parse_lines(lines))
     assert s["min_steady_steps"] == 2 and s["status"] == "pass"          # 15 and 20 of 11-20
 
 
 def test_skipped_iterations_are_reported():
     lines = [lf.iteration_line(it, 4, 400.0, skipped=1 if it == 3 else 0) for it in range(1, 5)]
-    s = compare.summarize(logs.parse_lines(lines))
+    s = compare.summarize(runlog.parse_lines(lines))
     assert s["skipped_iterations"] == 1 and any("skipped" in n for n in s["notes"])
 
 
@@ -126,16 +127,16 @@ def test_different_batch_or_weights_in_the_logs_is_unmatched():
     base = [lf.iteration_line(it, 4, 400.0, gbs=4) for it in range(1, 5)]
     other = [lf.iteration_line(it, 4, 380.0, gbs=8) for it in range(1, 5)]
     other += lf.theoretical_lines(16.0, 9000.0)
-    control = logs.parse_lines(base + lf.theoretical_lines(16.0, 13812.46), name="empty")
-    run = logs.parse_lines(other, name="x")
+    control = runlog.parse_lines(base + lf.theoretical_lines(16.0, 13812.46), name="empty")
+    run = runlog.parse_lines(other, name="x")
     reasons = compare.match(run, control)
     assert any("global batch size" in r for r in reasons)
     assert any("weight+optimizer" in r for r in reasons)
 
 
 def test_control_defaults_to_the_first_log_without_an_empty_run():
-    a = logs.parse_file(FIXTURES / "pass.log")
-    b = logs.parse_file(FIXTURES / "nan_grad_norm.log")
+    a = runlog.parse_file(FIXTURES / "pass.log")
+    b = runlog.parse_file(FIXTURES / "nan_grad_norm.log")
     assert compare.compare([b, a])["control"] == "nan_grad_norm"
     assert compare.compare([b, a], control_name="pass")["control"] == "pass"
 
@@ -154,7 +155,7 @@ def test_unreadable_log_is_exit_2(tmp_path):
 
 def test_same_run_name_twice_is_bad_input():
     with pytest.raises(InputError):
-        compare.compare([logs.parse_file(FIXTURES / "pass.log"), logs.parse_file(FIXTURES / "pass.log")])
+        compare.compare([runlog.parse_file(FIXTURES / "pass.log"), runlog.parse_file(FIXTURES / "pass.log")])
 
 
 def test_exit_1_when_no_candidate_passes():
@@ -232,7 +233,7 @@ def test_allocator_setting_in_one_run_only_is_unmatched(tmp_path):
 
 def test_repeated_iteration_lines_count_once():
     lines = [lf.iteration_line(it, 4, 400.0) for it in range(1, 5)]
-    s = compare.summarize(logs.parse_lines(lines + lines[2:]), min_steady=3)
+    s = compare.summarize(runlog.parse_lines(lines + lines[2:]), min_steady=3)
     assert s["steady_steps"] == 2 and s["status"] == "incomplete"      # iterations 3 and 4, once each
 
 
@@ -261,7 +262,7 @@ def test_config_dumps_that_differ_only_in_recompute_are_matched(tmp_path):
     paths = _copy_sweep(tmp_path)
     for name, mods in (("empty", "[]"), ("moe_act", "[moe_act]")):
         (tmp_path / name / "ConfigContainer.yaml").write_text(CONFIG_DUMP.format(seq=4096, modules=mods, name=name))
-    runs = [logs.parse_file(p) for p in paths]
+    runs = [runlog.parse_file(p) for p in paths]
     assert runs[0].config["model.seq_length"] == 4096            # the python tag is read, not executed
     assert compare.match(runs[1], runs[0]) == []
 

@@ -12,7 +12,8 @@ import pytest
 import yaml
 
 from conftest import ROOT, SCRIPTS
-from mbridge_recompute import card, snippets
+from mbridge_recompute.facts import card
+from mbridge_recompute.write import snippets
 from mbridge_recompute.setting import RecomputeSetting as R
 
 MOE_NO_GROUPED_GEMM = """\

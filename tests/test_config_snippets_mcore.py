@@ -14,7 +14,8 @@ from types import SimpleNamespace
 import pytest
 import yaml
 
-from mbridge_recompute import labels, snippets
+from mbridge_recompute.facts import releases
+from mbridge_recompute.write import snippets
 from mbridge_recompute.setting import RecomputeSetting as R
 
 BASE = dict(num_layers=8, hidden_size=64, num_attention_heads=4)
@@ -105,7 +106,7 @@ def assert_config_keeps(cfg, setting):
 
 def test_matrix_covers_every_label_of_0_16_1():
     alone = {s.modules[0] for s, _ in MATRIX if s.granularity == "selective" and len(s.modules or ()) == 1}
-    assert alone == set(labels.labels_for("0.16.1"))
+    assert alone == set(releases.labels_for("0.16.1"))
 
 
 @pytest.mark.parametrize("setting,model_kw", MATRIX, ids=IDS)

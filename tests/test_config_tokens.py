@@ -24,8 +24,8 @@ import typing
 
 import pytest
 
-from mbridge_recompute import snippets
-from mbridge_recompute.loading import parse_override
+from mbridge_recompute.write import snippets
+from mbridge_recompute.inputs.loading import parse_override
 from mbridge_recompute.setting import RecomputeSetting as R
 
 SETTINGS = [

@@ -12,14 +12,15 @@ FIXTURES = ROOT / "tests" / "fixtures" / "logs"
 sys.path.insert(0, str(FIXTURES))
 
 import logformat as lf  # noqa: E402
-from mbridge_recompute import diagnose, logs  # noqa: E402
+from mbridge_recompute.logs import diagnose  # noqa: E402
+from mbridge_recompute.logs import runlog
 
 GIB = lf.GIB
 CAP = 79.11 * GIB
 
 
 def findings(name: str) -> list:
-    return diagnose.diagnose(logs.parse_file(FIXTURES / name))["findings"]
+    return diagnose.diagnose(runlog.parse_file(FIXTURES / name))["findings"]
 
 
 def kinds(fs: list) -> list:
@@ -37,7 +38,7 @@ def test_fragmentation_is_diagnosed_before_recompute():
 def test_reserved_far_above_allocated_in_the_memory_report_is_fragmentation():
     lines = [lf.iteration_line(1, 20, 3000.0), lf.memory_line(0, 1, 40.0, 60.0, 70.0, 72.0)]
     lines += lf.traceback(lf.FORWARD, lf.oom_message(1 * GIB, CAP, 0.5 * GIB, 75.0 * GIB, 0.2 * GIB))
-    fs = diagnose.diagnose(logs.parse_lines(lines))["findings"]
+    fs = diagnose.diagnose(runlog.parse_lines(lines))["findings"]
     assert fs[0]["kind"] == "fragmentation"
     assert "max reserved 72.000 GB vs max allocated 60.000 GB" in fs[0]["evidence"]
 
@@ -79,14 +80,14 @@ def test_oom_after_iteration_1_without_a_traceback_is_activations():
 
 
 def test_oom_before_any_iteration_without_a_traceback_is_unknown():
-    rep = diagnose.diagnose(logs.parse_lines([lf.oom_message(2 * GIB, CAP, GIB, 70 * GIB, 0.1 * GIB)]))
+    rep = diagnose.diagnose(runlog.parse_lines([lf.oom_message(2 * GIB, CAP, GIB, 70 * GIB, 0.1 * GIB)]))
     assert kinds(rep["findings"]) == ["unknown"] and not rep["explained"]
 
 
 def test_memory_outside_pytorch_is_reported():
     msg = lf.oom_message(2 * GIB, CAP, 0.3 * GIB, 60.0 * GIB, 0.2 * GIB, in_use=78.0 * GIB)
     msg = msg.replace("Including non-PyTorch", "Process 999 has 9.00 GiB memory in use. Including non-PyTorch")
-    rep = diagnose.diagnose(logs.parse_lines([lf.iteration_line(1, 20, 3000.0)] + lf.traceback(lf.FORWARD, msg)))
+    rep = diagnose.diagnose(runlog.parse_lines([lf.iteration_line(1, 20, 3000.0)] + lf.traceback(lf.FORWARD, msg)))
     ev = rep["findings"][0]["evidence"]
     assert "17.80 GiB of this process is outside PyTorch" in ev
     assert "other processes hold 9.00 GiB" in ev
@@ -97,7 +98,7 @@ def test_every_rank_ooming_gives_one_finding_per_kind():
     for r in range(8):
         lines += [f"[default{r}]:{ln}" for ln in lf.traceback(
             lf.BACKWARD, lf.oom_message(GIB, CAP, 0.2 * GIB, (76.0 + r / 10) * GIB, 0.1 * GIB, gpu=r))]
-    fs = diagnose.diagnose(logs.parse_lines(lines))["findings"]
+    fs = diagnose.diagnose(runlog.parse_lines(lines))["findings"]
     assert kinds(fs) == ["activations"]
     assert fs[0]["oom"]["rank"] == 7                      # the most loaded rank is the evidence
     assert "and 7 more OOM event(s)" in fs[0]["evidence"]
@@ -153,7 +154,7 @@ def test_guide_examples_are_diagnosed_as_their_names_say():
 
 
 def test_real_torch_oom_text_is_parsed_completely():
-    run = logs.parse_file(FIXTURES / "real_oom_fragmentation.log")
+    run = runlog.parse_file(FIXTURES / "real_oom_fragmentation.log")
     (oom,) = run.ooms
     assert oom.requested == 1024 * 2**20
     assert oom.capacity == 139.80 * GIB and oom.allowed == 4 * GIB
@@ -197,5 +198,5 @@ def test_a_directory_without_log_txt_is_bad_input_to_diagnose_and_compare(tmp_pa
 def test_oom_in_a_later_optimizer_step_is_static():
     lines = [lf.iteration_line(it, 20, 500.0) for it in (1, 2, 3)]
     lines += lf.traceback(lf.OPTIMIZER_STEP, lf.oom_message(GIB, CAP, 0.3 * GIB, 77 * GIB, 0.2 * GIB))
-    f = diagnose.diagnose(logs.parse_lines(lines))["findings"][0]
+    f = diagnose.diagnose(runlog.parse_lines(lines))["findings"][0]
     assert (f["kind"], f["stage"], f["iteration"]) == ("static", "optimizer-step", 4)

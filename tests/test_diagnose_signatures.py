@@ -17,13 +17,16 @@ from conftest import ROOT, run_script
 sys.path.insert(0, str(ROOT / "tests" / "fixtures" / "logs"))
 
 import logformat as lf  # noqa: E402
-from mbridge_recompute import card, diagnose, logs, signatures  # noqa: E402
+from mbridge_recompute.facts import card  # noqa: E402
+from mbridge_recompute.logs import diagnose
+from mbridge_recompute.logs import runlog
+from mbridge_recompute.logs import signatures
 
 MC = lf.MC
 
 
 def one(text: str) -> dict:
-    rep = diagnose.diagnose(logs.parse_text(text + "\n"))
+    rep = diagnose.diagnose(runlog.parse_text(text + "\n"))
     errors = [f for f in rep["findings"] if f["kind"] in ("config", "runtime")]
     assert errors, rep
     return errors[0]
@@ -127,7 +130,7 @@ def test_uniform_index_error_is_recognised_from_its_frames():
 
 def test_index_error_elsewhere_is_not_the_uniform_recompute_bug():
     frames = [("/app/data.py", 10, "__getitem__", "return self.items[i]")]
-    rep = diagnose.diagnose(logs.parse_lines(lf.traceback(frames, "IndexError: index 7 is out of range")))
+    rep = diagnose.diagnose(runlog.parse_lines(lf.traceback(frames, "IndexError: index 7 is out of range")))
     assert [f["kind"] for f in rep["findings"]] == ["unknown"]
     assert not rep["explained"]
 
@@ -158,7 +161,7 @@ def test_the_card_has_messages_to_match():
 
 @pytest.mark.parametrize("c", CARD_MESSAGES, ids=[c["id"] for c in CARD_MESSAGES])
 def test_every_card_message_is_recognised_by_its_constraint_id(c):
-    rep = diagnose.diagnose(logs.parse_text(f"AssertionError: {_filled(c['message'])}\n"))
+    rep = diagnose.diagnose(runlog.parse_text(f"AssertionError: {_filled(c['message'])}\n"))
     f = next(f for f in rep["findings"] if f["kind"] in ("config", "runtime"))
     assert f["constraint_id"] == c["id"]
     assert f["next_action"] == c["fix"] and f["source"] == c["source"]
@@ -209,7 +212,7 @@ def test_warning_alone_is_reported_but_explains_nothing():
 
 def test_unlisted_config_assertion_is_still_a_config_finding():
     frames = [(f"{MC}/transformer/transformer_config.py", 1234, "__post_init__", "assert self.foo")]
-    rep = diagnose.diagnose(logs.parse_lines(lf.traceback(frames, "AssertionError: some brand-new rule")))
+    rep = diagnose.diagnose(runlog.parse_lines(lf.traceback(frames, "AssertionError: some brand-new rule")))
     f = rep["findings"][0]
     assert f["kind"] == "config" and f["source"].endswith("transformer_config.py:1234")
     assert rep["explained"]
@@ -217,7 +220,7 @@ def test_unlisted_config_assertion_is_still_a_config_finding():
 
 def test_same_error_on_every_rank_is_one_finding():
     line = "AssertionError: full recompute is only supported with full iteration CUDA graph."
-    rep = diagnose.diagnose(logs.parse_lines([f"[default{r}]:{line}" for r in range(8)]))
+    rep = diagnose.diagnose(runlog.parse_lines([f"[default{r}]:{line}" for r in range(8)]))
     assert len(rep["findings"]) == 1 and rep["findings"][0]["count"] == 8
 
 
@@ -234,7 +237,7 @@ def test_oom_findings_come_before_error_findings():
     lines = [lf.iteration_line(1, 20, 3000.0)]
     lines += lf.traceback(lf.BACKWARD, lf.oom_message(2 * lf.GIB, 79 * lf.GIB, lf.GIB, 76 * lf.GIB, 0.1 * lf.GIB))
     lines += ["NameError: name 'FP8GlobalStateManager' is not defined"]
-    rep = diagnose.diagnose(logs.parse_lines(lines))
+    rep = diagnose.diagnose(runlog.parse_lines(lines))
     assert [f["kind"] for f in rep["findings"]] == ["activations", "runtime"]
 
 
@@ -251,7 +254,7 @@ def test_the_quoted_head_of_a_long_message_is_recognised(run_tool):
 
 def test_a_head_shared_by_two_messages_decides_nothing():
     """A head alone is accepted only when exactly one signature starts with it."""
-    from mbridge_recompute.signatures import Signature, match_line
+    from mbridge_recompute.logs.signatures import Signature, match_line
 
     head = "When using recompute_granularity with a long shared head:"
     a = Signature(id="a", kind="config", pattern=re.escape(head) + r" .*? first", fix="", source="",

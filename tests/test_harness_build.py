@@ -247,7 +247,7 @@ def test_repo_without_bootstrap_is_refused(tmp_path):
 def test_sweep_tokens_are_the_config_writers_harness_format(checkout):
     """Facts live once: the sweep runs exactly what `config --format harness` prints."""
     from mbridge_recompute.setting import RecomputeSetting
-    from mbridge_recompute.snippets import render
+    from mbridge_recompute.write.snippets import render
 
     report = sweep(checkout, "[]", "core_attn", "layernorm,moe_act", "uniform:2", "block:4", "none")
     for r in report["runs"]:

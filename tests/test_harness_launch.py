@@ -203,7 +203,7 @@ def test_compare_reads_the_logs_the_sweep_wrote(standin, tmp_path):
 
 
 def test_revisions_read_each_repository_itself_never_the_parents_head(tmp_path):
-    from mbridge_recompute.launch import revisions
+    from mbridge_recompute.runs.launch import revisions
 
     repo = tmp_path / "bridge"
     sub = repo / "3rdparty" / "Megatron-LM"

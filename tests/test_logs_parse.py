@@ -14,17 +14,18 @@ FIXTURES = ROOT / "tests" / "fixtures" / "logs"
 sys.path.insert(0, str(FIXTURES))
 
 import logformat as lf  # noqa: E402
-from mbridge_recompute import logs, oom  # noqa: E402
+from mbridge_recompute.logs import runlog  # noqa: E402
+from mbridge_recompute.logs import oom
 from mbridge_recompute.errors import InputError  # noqa: E402
 
 
-def parse(name: str) -> logs.Run:
-    return logs.parse_file(FIXTURES / name)
+def parse(name: str) -> runlog.Run:
+    return runlog.parse_file(FIXTURES / name)
 
 
 def test_iteration_line_fields_are_read():
     line = lf.iteration_line(11, 20, 457.2, gbs=4, loss=10.49281, grad_norm=12.345, skipped=1, nan=0)
-    it = logs.parse_iteration(line)
+    it = runlog.parse_iteration(line)
     assert (it.iteration, it.total, it.time_ms, it.global_batch_size) == (11, 20, 457.2, 4)
     assert it.loss == pytest.approx(10.49281)
     assert it.grad_norm == pytest.approx(12.345)
@@ -35,7 +36,7 @@ def test_missing_lm_loss_means_non_finite():
     # Bridge prints a loss key only when its average is >= 0 (train_utils.py:1120-1125): NaN drops it
     line = lf.iteration_line(13, 20, 457.2, loss=None)
     assert "lm loss" not in line
-    it = logs.parse_iteration(line)
+    it = runlog.parse_iteration(line)
     assert it.loss is None and not it.finite
     run = parse("nan_missing_loss.log")
     assert run.non_finite == [13]
@@ -43,17 +44,17 @@ def test_missing_lm_loss_means_non_finite():
 
 def test_grad_norm_inf_or_nan_is_non_finite():
     assert parse("nan_grad_norm.log").non_finite == [15]
-    assert not logs.parse_iteration(lf.iteration_line(3, 20, 400.0, grad_norm=math.nan)).finite
+    assert not runlog.parse_iteration(lf.iteration_line(3, 20, 400.0, grad_norm=math.nan)).finite
 
 
 def test_inf_loss_is_read_as_inf():
     line = lf.iteration_line(3, 20, 400.0, loss=math.inf)
     assert "lm loss: INF" in line
-    assert logs.parse_iteration(line).loss == math.inf
+    assert runlog.parse_iteration(line).loss == math.inf
 
 
 def test_nan_iteration_counter_is_read():
-    it = logs.parse_iteration(lf.iteration_line(4, 20, 400.0, nan=2))
+    it = runlog.parse_iteration(lf.iteration_line(4, 20, 400.0, nan=2))
     assert it.nan_iterations == 2 and not it.finite
 
 
@@ -66,13 +67,13 @@ def test_step_time_line_is_read_and_paired_with_its_iteration():
 
 
 def test_bridge_memory_report_is_decimal_gb():
-    rep = logs.parse_memory(lf.memory_line(3, 2, 25.0, 36.618, 38.0, 40.124))
+    rep = runlog.parse_memory(lf.memory_line(3, 2, 25.0, 36.618, 38.0, 40.124))
     assert (rep.rank, rep.after, rep.max_allocated_gb, rep.max_reserved_gb) == (3, 2, 36.618, 40.124)
     assert rep.source == "bridge"
 
 
 def test_megatron_lm_memory_report_mib_becomes_decimal_gb():
-    rep = logs.parse_memory(lf.mlm_memory_line(0, 2, 24000.0, 35000.0, 36000.0, 38002.0))
+    rep = runlog.parse_memory(lf.mlm_memory_line(0, 2, 24000.0, 35000.0, 36000.0, 38002.0))
     assert rep.source == "mlm"
     assert rep.max_allocated_gb == pytest.approx(35000.0 * 2**20 / 1e9)
     assert rep.max_reserved_gb == pytest.approx(38002.0 * 2**20 / 1e9)
@@ -108,11 +109,11 @@ def test_interleaved_prefixed_ranks_parse_like_the_plain_log():
 
 
 def test_prefix_is_split_and_rank_kept():
-    assert logs.split_prefix("[default3]:[rank3]: ValueError: x")[1:] == (3, "ValueError: x")
-    assert logs.split_prefix("[default3]:  File \"a.py\", line 1, in f")[2] == '  File "a.py", line 1, in f'
-    assert logs.split_prefix("12: [Rank 12] (after 1 iterations)")[1] == 12
-    assert logs.split_prefix("[1,5]<stdout>:hello")[1:] == (5, "hello")
-    assert logs.split_prefix(" [2026-08-12 10:11:12] iteration 1/ 2 |")[0] == ""
+    assert runlog.split_prefix("[default3]:[rank3]: ValueError: x")[1:] == (3, "ValueError: x")
+    assert runlog.split_prefix("[default3]:  File \"a.py\", line 1, in f")[2] == '  File "a.py", line 1, in f'
+    assert runlog.split_prefix("12: [Rank 12] (after 1 iterations)")[1] == 12
+    assert runlog.split_prefix("[1,5]<stdout>:hello")[1:] == (5, "hello")
+    assert runlog.split_prefix(" [2026-08-12 10:11:12] iteration 1/ 2 |")[0] == ""
 
 
 def test_truncated_line_is_incomplete_not_non_finite():
@@ -136,15 +137,15 @@ def test_theoretical_lines_are_mib_and_read():
     assert run.theoretical[0].weight_optimizer_mib == 13812.46
     assert run.theoretical[0].activation_mib == 9216.0
     assert run.params_billions == 15.96
-    short = logs.THEO.search("Theoretical memory footprints: weight and optimizer=21044.80 MB")
+    short = runlog.THEO.search("Theoretical memory footprints: weight and optimizer=21044.80 MB")
     assert short.group(1) == "21044.80" and short.group(2) is None
 
 
 def test_optimizer_initialised_needs_iteration_2():
     assert parse("pass.log").optimizer_initialised
-    run = logs.parse_lines([lf.iteration_line(1, 20, 5000.0), lf.memory_line(0, 1, 20.0, 30.0, 31.0, 32.0)])
+    run = runlog.parse_lines([lf.iteration_line(1, 20, 5000.0), lf.memory_line(0, 1, 20.0, 30.0, 31.0, 32.0)])
     assert not run.optimizer_initialised
-    run = logs.parse_lines([lf.memory_line(0, 2, 20.0, 30.0, 31.0, 32.0)])
+    run = runlog.parse_lines([lf.memory_line(0, 2, 20.0, 30.0, 31.0, 32.0)])
     assert run.optimizer_initialised
 
 
@@ -197,7 +198,7 @@ def test_oom_stage_is_read_from_its_traceback_and_the_preceding_iterations(fixtu
 def test_same_oom_printed_twice_is_one_event():
     msg = lf.oom_message(2**30, 80 * 2**30, 2**28, 70 * 2**30, 2**28)
     lines = lf.traceback(lf.FORWARD, msg)
-    run = logs.parse_lines([msg] + [f"[default1]:{ln}" for ln in lines])
+    run = runlog.parse_lines([msg] + [f"[default1]:{ln}" for ln in lines])
     assert len(run.ooms) == 1
     assert run.ooms[0].frames and run.ooms[0].rank == 1      # the copy with the traceback is kept
 
@@ -208,7 +209,7 @@ def test_tracebacks_of_interleaved_ranks_do_not_mix():
     lines = []
     for a, b in zip(fwd + [""] * (len(bwd) - len(fwd)), bwd):
         lines += [f"[default0]:{a}", f"[default1]:{b}"]
-    run = logs.parse_lines([lf.iteration_line(1, 20, 4000.0)] + lines)
+    run = runlog.parse_lines([lf.iteration_line(1, 20, 4000.0)] + lines)
     stages = {o.gpu: o.stage for o in run.ooms}
     assert stages == {0: "forward", 1: "backward"}
 
@@ -218,7 +219,7 @@ def test_pytorch_rank_prefixed_traceback_is_read():
     msg = lf.oom_message(2**30, 80 * 2**30, 2**28, 70 * 2**30, 2**28)
     lines = [f"[rank5]: {ln}" for ln in lf.traceback(lf.BACKWARD, msg)]
     lines += [f"[rank5]: {ln}" for ln in lf.traceback(lf.FORWARD[:2], "ValueError: boom")]
-    run = logs.parse_lines([lf.iteration_line(1, 20, 4000.0)] + lines)
+    run = runlog.parse_lines([lf.iteration_line(1, 20, 4000.0)] + lines)
     assert run.ooms[0].stage == "backward" and run.ooms[0].rank == 5
     assert run.errors[-1].exc_type == "ValueError" and run.errors[-1].frames
 
@@ -230,10 +231,10 @@ def test_completion_marker_sets_completed():
 
 def test_run_is_named_after_the_stem_or_the_manifest():
     assert parse("pass.log").name == "pass"
-    run = logs.parse_file(ROOT / "examples" / "logs" / "moonlight16b" / "moe_act" / "log.txt")
+    run = runlog.parse_file(ROOT / "examples" / "logs" / "moonlight16b" / "moe_act" / "log.txt")
     assert run.name == "moe_act" and run.setting == "moe_act"
     assert run.manifest["revisions"]["megatron-core"].startswith("24bad8e6")
-    empty = logs.parse_file(ROOT / "examples" / "logs" / "moonlight16b" / "empty" / "log.txt")
+    empty = runlog.parse_file(ROOT / "examples" / "logs" / "moonlight16b" / "empty" / "log.txt")
     assert empty.setting == "[]"
 
 
@@ -241,30 +242,30 @@ def test_log_txt_without_manifest_is_named_after_its_directory(tmp_path):
     d = tmp_path / "block4"
     d.mkdir()
     (d / "log.txt").write_text(lf.iteration_line(1, 2, 100.0) + "\n")
-    assert logs.parse_file(d / "log.txt").name == "block4"
+    assert runlog.parse_file(d / "log.txt").name == "block4"
 
 
 def test_unreadable_log_is_an_input_error(tmp_path):
     with pytest.raises(InputError) as exc:
-        logs.parse_file(tmp_path / "missing.log")
+        runlog.parse_file(tmp_path / "missing.log")
     assert "no such file" in str(exc.value)
     with pytest.raises(InputError):
-        logs.parse_file(tmp_path)
+        runlog.parse_file(tmp_path)
 
 
 def test_broken_manifest_is_an_input_error(tmp_path):
     (tmp_path / "log.txt").write_text("x\n")
     (tmp_path / "manifest.json").write_text("{not json")
     with pytest.raises(InputError) as exc:
-        logs.parse_file(tmp_path / "log.txt")
+        runlog.parse_file(tmp_path / "log.txt")
     assert exc.value.field.endswith("manifest.json")
 
 
 def test_logs_module_does_not_import_torch():
     import subprocess
 
-    code = ("import sys; sys.path.insert(0, %r); import mbridge_recompute.logs, mbridge_recompute.compare, "
-            "mbridge_recompute.diagnose; print('torch' in sys.modules or 'megatron' in sys.modules)"
+    code = ("import sys; sys.path.insert(0, %r); import mbridge_recompute.logs.runlog, mbridge_recompute.logs.compare, "
+            "mbridge_recompute.logs.diagnose; print('torch' in sys.modules or 'megatron' in sys.modules)"
             % str(ROOT / "scripts"))
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
@@ -273,12 +274,12 @@ def test_logs_module_does_not_import_torch():
 def test_source_lines_inside_a_traceback_are_not_events():
     frames = [("/x/train.py", 10, "train_step", "except (torch.cuda.OutOfMemoryError,"),
               ("/x/train.py", 11, "train_step", "    ValueError: this is code, not an exception")]
-    run = logs.parse_lines(lf.traceback(frames, "RuntimeError: boom"))
+    run = runlog.parse_lines(lf.traceback(frames, "RuntimeError: boom"))
     assert run.ooms == []
     assert [(e.exc_type, e.message) for e in run.errors] == [("RuntimeError", "boom")]
     assert [f.func for f in run.errors[0].frames] == ["train_step", "train_step"]
 
 
 def test_line_numbers_count_newlines_only():
-    run = logs.parse_text("a\x0cb\u2028c\n" + lf.iteration_line(1, 2, 10.0) + "\n")
+    run = runlog.parse_text("a\x0cb\u2028c\n" + lf.iteration_line(1, 2, 10.0) + "\n")
     assert run.iterations[0].line == 2

@@ -13,7 +13,10 @@ from conftest import ROOT
 sys.path.insert(0, str(ROOT / "tests" / "fixtures" / "logs"))
 
 import logformat as lf  # noqa: E402
-from mbridge_recompute import compare, diagnose, logs, oom  # noqa: E402
+from mbridge_recompute.logs import compare  # noqa: E402
+from mbridge_recompute.logs import diagnose
+from mbridge_recompute.logs import runlog
+from mbridge_recompute.logs import oom
 
 FAST = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
@@ -32,7 +35,7 @@ log_bytes = st.lists(st.one_of(st.sampled_from(VOCAB), st.binary(max_size=40)), 
 @FAST
 @given(log_bytes)
 def test_parser_never_crashes_on_arbitrary_bytes(data):
-    run = logs.parse_text(data.decode("utf-8", errors="replace"), name="fuzz")
+    run = runlog.parse_text(data.decode("utf-8", errors="replace"), name="fuzz")
     # and everything built on it stays total too, and its reports are strict JSON
     json.dumps(compare.compare([run]), allow_nan=False)
     json.dumps(diagnose.diagnose(run), allow_nan=False, default=str)
@@ -54,7 +57,7 @@ def test_malformed_numbers_in_every_field_do_not_crash(nums):
              f"capacity of {next(a)} GiB of which 1 GiB is free. Of the allocated memory {next(a)} GiB is allocated "
              "by PyTorch, and 1 GiB is reserved by PyTorch but unallocated.",
              lf.iteration_line(2, 2, 400.0)]
-    run = logs.parse_lines(lines)
+    run = runlog.parse_lines(lines)
     json.dumps(compare.compare([run]), allow_nan=False)
     json.dumps(diagnose.diagnose(run), allow_nan=False)
 
@@ -62,7 +65,7 @@ def test_malformed_numbers_in_every_field_do_not_crash(nums):
 @FAST
 @given(st.binary(max_size=2000))
 def test_parser_never_crashes_on_raw_binary(data):
-    logs.parse_text(data.decode("utf-8", errors="replace"))
+    runlog.parse_text(data.decode("utf-8", errors="replace"))
 
 
 def _rank_streams():
@@ -92,7 +95,7 @@ def interleavings(draw):
 @FAST
 @given(interleavings())
 def test_interleaving_ranks_does_not_change_the_run(lines):
-    run = logs.parse_lines(lines)
+    run = runlog.parse_lines(lines)
     assert [it.iteration for it in run.iterations] == list(range(1, 9))
     assert [it.time_ms for it in run.iterations] == [450.0 + it for it in range(1, 9)]
     assert run.per_rank_peaks() == {0: (2, 31.5, 35.0), 2: (2, 32.25, 35.5)}
@@ -105,7 +108,7 @@ def test_interleaving_ranks_does_not_change_the_run(lines):
 @given(st.integers(min_value=1, max_value=400), st.floats(min_value=0.01, max_value=5000, allow_nan=False))
 def test_iteration_line_round_trips(it, ms):
     line = lf.iteration_line(it, 400, ms, loss=9.75, grad_norm=1.5)
-    parsed = logs.parse_iteration(line)
+    parsed = runlog.parse_iteration(line)
     assert parsed.iteration == it and parsed.time_ms == float(f"{ms:.1f}") and parsed.finite
 
 
@@ -136,6 +139,6 @@ def interleaved_tracebacks(draw):
 @FAST
 @given(interleaved_tracebacks())
 def test_interleaved_tracebacks_keep_each_ranks_stage(lines):
-    run = logs.parse_lines(lines)
+    run = runlog.parse_lines(lines)
     assert {o.rank: o.stage for o in run.ooms} == {3: "backward", 5: "forward"}
     assert {o.rank: o.iteration for o in run.ooms} == {3: 2, 5: 2}

@@ -11,7 +11,7 @@ import importlib.util
 import json
 
 from conftest import ROOT
-from mbridge_recompute import card
+from mbridge_recompute.facts import card
 
 spec = importlib.util.spec_from_file_location("gpu_probe_compare", ROOT / "benchmarks" / "gpu_probe_compare.py")
 compare = importlib.util.module_from_spec(spec)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from mbridge_recompute import labels as label_sets
+from mbridge_recompute.facts import releases
 from mbridge_recompute.memory import estimate, label_effects, replay_cost_pct
 from mbridge_recompute.workload import Workload
 
@@ -37,7 +37,7 @@ def by_label(effects) -> dict:
 @pytest.mark.parametrize("version", ["0.16.1", "main"])
 def test_one_effect_per_label_of_the_target_version(version):
     effects = label_effects(dense(), version)
-    assert [e.label for e in effects] == label_sets.labels_for(version)
+    assert [e.label for e in effects] == releases.labels_for(version)
 
 
 def test_saving_is_the_control_peak_minus_the_label_peak_on_the_hottest_rank():

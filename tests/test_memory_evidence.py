@@ -17,7 +17,7 @@ from __future__ import annotations
 import pytest
 
 from conftest import EXAMPLES
-from mbridge_recompute.loading import load_workload
+from mbridge_recompute.inputs.loading import load_workload
 from mbridge_recompute.memory import estimate
 
 GB = 1e9

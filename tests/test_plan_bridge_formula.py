@@ -5,7 +5,7 @@ from __future__ import annotations
 import sys
 
 from conftest import EXAMPLES, ROOT
-from mbridge_recompute.loading import load_workload
+from mbridge_recompute.inputs.loading import load_workload
 from mbridge_recompute.setting import RecomputeSetting
 
 sys.path.insert(0, str(ROOT / "benchmarks"))

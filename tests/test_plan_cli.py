@@ -134,7 +134,7 @@ def test_a_plot_target_that_cannot_be_a_file_is_bad_input(run_tool, tmp_path, ta
 
 
 def test_the_harness_takes_the_plan_json_directly(tmp_path, moonlight_json):
-    from mbridge_recompute import harness
+    from mbridge_recompute.runs import harness
     from mbridge_recompute.setting import RecomputeSetting
 
     _, r = moonlight_json
@@ -193,8 +193,8 @@ def test_plot_draws_per_rank_stacked_bars_next_to_the_frontier(tmp_path):
 
     matplotlib.use("Agg")
     from mbridge_recompute.commands import plan as plan_cmd
-    from mbridge_recompute.loading import load_workload
-    from mbridge_recompute.selector import plan
+    from mbridge_recompute.inputs.loading import load_workload
+    from mbridge_recompute.plan.selector import plan
 
     report = plan(load_workload(default=True))
     drawn = {}

@@ -7,9 +7,9 @@ import json
 import pytest
 
 from conftest import EXAMPLES
-from mbridge_recompute import selector
+from mbridge_recompute.plan import selector
 from mbridge_recompute.errors import InputError
-from mbridge_recompute.loading import load_workload
+from mbridge_recompute.inputs.loading import load_workload
 from mbridge_recompute.setting import RecomputeSetting
 
 GB = 1e9

@@ -9,8 +9,9 @@ from __future__ import annotations
 import pytest
 
 from conftest import EXAMPLES
-from mbridge_recompute import memory, selector
-from mbridge_recompute.loading import load_workload
+from mbridge_recompute import memory
+from mbridge_recompute.plan import selector
+from mbridge_recompute.inputs.loading import load_workload
 from mbridge_recompute.setting import RecomputeSetting
 
 GB = 1e9

@@ -8,7 +8,7 @@ import pytest
 
 from conftest import EXAMPLES
 from mbridge_recompute.errors import InputError
-from mbridge_recompute.loading import load_workload, mcore_field_names, parse_override
+from mbridge_recompute.inputs.loading import load_workload, mcore_field_names, parse_override
 from mbridge_recompute.workload import FIELD_NAMES, Workload
 
 
@@ -117,7 +117,7 @@ def test_embedded_default_workload_is_the_llama3_70b_example():
     """The README's main command runs on the same workload the example file documents."""
     import yaml
 
-    from mbridge_recompute.loading import DATA
+    from mbridge_recompute.inputs.loading import DATA
 
     embedded = yaml.safe_load((DATA / "default_workload.yaml").read_text())
     example = yaml.safe_load((EXAMPLES / "llama3_70b_fp8.yaml").read_text())

@@ -4,4 +4,9 @@ The package is importable without torch or megatron; only the live validator
 (`rules.live`) imports megatron-core, and only when it is asked for.
 """
 
+from pathlib import Path
+
 __version__ = "0.1.0"
+
+# Package data (the card, the model catalog, field lists): one folder, shipped with the package.
+DATA_DIR = Path(__file__).resolve().parent / "data"

@@ -9,7 +9,7 @@ validator answered.
 from __future__ import annotations
 
 from mbridge_recompute.errors import EXIT_OK, EXIT_PROBLEM
-from mbridge_recompute.loading import add_workload_arguments, load_workload
+from mbridge_recompute.inputs.loading import add_workload_arguments, load_workload
 
 DESCRIPTION = ("Check a workload's recompute setting against every known constraint: "
                "megatron-core's own TransformerConfig when installed (live), else the built-in "

@@ -56,8 +56,8 @@ exit codes: 0 written, 1 the setting breaks a constraint (refused, named on stde
 
 
 def add_arguments(parser) -> None:
-    from mbridge_recompute.loading import add_workload_arguments
-    from mbridge_recompute.snippets import FORMATS
+    from mbridge_recompute.inputs.loading import add_workload_arguments
+    from mbridge_recompute.write.snippets import FORMATS
 
     add_workload_arguments(parser)
     g = parser.add_argument_group("recompute setting")
@@ -81,7 +81,7 @@ def add_arguments(parser) -> None:
 # ---------------------------------------------------------------- options -> setting
 def parse_modules(text: str, version: str) -> tuple:
     """'a,b' / '[a,b]' / '[]' -> labels, each known to megatron-core `version`."""
-    from mbridge_recompute import labels
+    from mbridge_recompute.facts import releases
 
     t = text.strip()
     bracketed = t.startswith("[") and t.endswith("]")
@@ -93,7 +93,7 @@ def parse_modules(text: str, version: str) -> tuple:
     mods = [m.strip() for m in inner.split(",")]
     if any(not m for m in mods):
         raise InputError("--modules", f"{text!r} has an empty label (one comma-separated token: a,b)")
-    labels.require_known(mods, version, "--modules")
+    releases.require_known(mods, version, "--modules")
     seen = set()
     for m in mods:
         if m in seen:
@@ -189,11 +189,11 @@ def _has_workload(args) -> bool:
 def check_setting(setting, args, version: str) -> dict:
     """Put the setting into the workload as the snippet writes it, and check it."""
     from mbridge_recompute.rules import check_workload
-    from mbridge_recompute.snippets import written_fields
+    from mbridge_recompute.write.snippets import written_fields
 
     given = _has_workload(args)
     if given:
-        from mbridge_recompute.loading import load_workload
+        from mbridge_recompute.inputs.loading import load_workload
 
         base = load_workload(args.workload, args.sets, args.model, args.hf_config, args.mcore_version)
     else:
@@ -247,10 +247,11 @@ def _refusal_text(setting, check: dict) -> str:
 def run(args) -> int:
     import json
 
-    from mbridge_recompute import labels, snippets
+    from mbridge_recompute.facts import releases
+    from mbridge_recompute.write import snippets
 
-    version = labels.resolve_version(args.mcore_version) if args.mcore_version \
-        else labels.target_version()
+    version = releases.resolve_version(args.mcore_version) if args.mcore_version \
+        else releases.target_version()
     setting = setting_from_args(args, version)
     out_path = _output_path(args)
     fields = snippets.written_fields(setting)

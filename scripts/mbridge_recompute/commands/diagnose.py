@@ -40,7 +40,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def run(args) -> int:
     import sys
 
-    from mbridge_recompute import diagnose, logs
+    from mbridge_recompute.logs import diagnose
+    from mbridge_recompute.logs import runlog
     from mbridge_recompute.output import emit
 
     if args.log is None and args.message is None:
@@ -51,14 +52,14 @@ def run(args) -> int:
         texts.append(data.decode("utf-8", errors="replace"))
         name = "stdin"
     elif args.log is not None:
-        text, _ = logs.read_text(logs.log_of(args.log))
+        text, _ = runlog.read_text(runlog.log_of(args.log))
         texts.append(text)
         name = args.log
     if args.message is not None:
         if not args.message.strip():
             raise InputError("--message", "is empty")
         texts.append(args.message)
-    run_ = logs.parse_text("\n".join(t.rstrip("\n") for t in texts) + "\n", name=name, path=name)
+    run_ = runlog.parse_text("\n".join(t.rstrip("\n") for t in texts) + "\n", name=name, path=name)
     report = diagnose.diagnose(run_)
     emit(report, args.json, diagnose.render_text)
     return EXIT_OK if report["explained"] else EXIT_PROBLEM

@@ -73,7 +73,8 @@ def _env(pairs) -> dict:
 
 def run(args) -> int:
     # light start: nothing heavy is imported anywhere on this path
-    from mbridge_recompute import harness, parsercheck
+    from mbridge_recompute.runs import harness
+    from mbridge_recompute.runs import parsercheck
 
     # `not 0 < x < inf` so that nan and inf fail too (argparse's float() reads both)
     if args.timeout is not None and not 0 < args.timeout < float("inf"):
@@ -112,7 +113,7 @@ def run(args) -> int:
         emit(report, args.json, _text)
         return EXIT_OK
 
-    from mbridge_recompute import launch
+    from mbridge_recompute.runs import launch
     launch.prepare_run_dirs(sweep, args.force)
     if not check["checked"]:
         launch.stderr_progress(f"note: argv not parser-checked ({check['reason']})")

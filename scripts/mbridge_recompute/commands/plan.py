@@ -22,7 +22,7 @@ exit codes: 0 a fitting setting exists, 1 nothing fits the budget, 2 unusable in
 
 
 def add_arguments(parser) -> None:
-    from mbridge_recompute.loading import add_workload_arguments
+    from mbridge_recompute.inputs.loading import add_workload_arguments
 
     add_workload_arguments(parser)
     parser.add_argument("--budget-gb", type=float, metavar="GB",
@@ -44,8 +44,8 @@ def add_arguments(parser) -> None:
 
 
 def run(args) -> int:
-    from mbridge_recompute import selector
-    from mbridge_recompute.loading import load_workload
+    from mbridge_recompute.plan import selector
+    from mbridge_recompute.inputs.loading import load_workload
 
     if args.top is not None and args.top < 1:
         raise InputError("--top", f"must be >= 1, got {args.top}")
@@ -60,7 +60,7 @@ def run(args) -> int:
                            measured_source=source, version=args.mcore_version,
                            neighbours=args.top if args.top is not None else 2)
     if args.model:
-        from mbridge_recompute import catalog
+        from mbridge_recompute.inputs import catalog
 
         report["model_source"] = catalog.describe(args.model)
     if args.top is not None:

@@ -42,7 +42,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args) -> int:
-    from mbridge_recompute import testrunner
+    from mbridge_recompute.runs import testrunner
 
     # `not 0 < x < inf` so that nan and inf fail too (argparse's float() reads both)
     if args.timeout is not None and not 0 < args.timeout < float("inf"):

@@ -102,15 +102,15 @@ def applicability(w, label: str, version: str) -> tuple:
 
 def label_effects(w, version: str | None = None, knobs: Knobs = DEFAULT_KNOBS) -> list:
     """One LabelEffect per recompute label of `version` (default: the installed megatron-core)."""
-    from mbridge_recompute import labels as label_sets
+    from mbridge_recompute.facts import releases
 
-    version = label_sets.resolve_version(version) if version else label_sets.target_version()
+    version = releases.resolve_version(version) if version else releases.target_version()
     control = estimate(_selective(w), knobs)
     base_peak = control.hottest.peak_bytes
     sh = shape_of(w, knobs)
     kinds = list(dict.fromkeys(w.layer_kinds()))
     out = []
-    for label in label_sets.labels_for(version):
+    for label in releases.labels_for(version):
         ok, reason = applicability(w, label, version)
         if not ok:
             out.append(LabelEffect(label, False, reason, 0, 0.0,

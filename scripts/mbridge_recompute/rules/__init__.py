@@ -37,7 +37,7 @@ def check_workload(w, validator: str = "builtin", version: Optional[str] = None,
     megatron-core's, else 0.16.1. `te_version`: Transformer Engine on the
     training nodes if known (default: the workload's `te_version`).
     """
-    from mbridge_recompute import labels
+    from mbridge_recompute.facts import releases
 
     if validator not in VALIDATORS:
         from mbridge_recompute.errors import InputError
@@ -46,9 +46,9 @@ def check_workload(w, validator: str = "builtin", version: Optional[str] = None,
     if validator == "auto":
         from mbridge_recompute.rules.live import mcore_available
 
-        installed = labels.installed_mcore_version()
+        installed = releases.installed_mcore_version()
         same = version is None or (installed is not None
-                                   and labels.resolve_version(version) == labels.resolve_version(installed))
+                                   and releases.resolve_version(version) == releases.resolve_version(installed))
         # live answers only for the installed version; another target version gets the table
         validator = "live" if mcore_available() and same else "builtin"
     if validator == "live":
@@ -57,7 +57,7 @@ def check_workload(w, validator: str = "builtin", version: Optional[str] = None,
         return live.check(w, version=version, te_version=te_version)
     from mbridge_recompute.rules import builtin
 
-    v = labels.resolve_version(version) if version else labels.target_version()
+    v = releases.resolve_version(version) if version else releases.target_version()
     return builtin.check(w, version=v, te_version=te_version)
 
 

@@ -192,9 +192,9 @@ def chunk_layer_counts(w) -> list[int]:
 
 
 def _labels_allowed(version: str) -> list[str]:
-    from mbridge_recompute import labels
+    from mbridge_recompute.facts import releases
 
-    return labels.labels_for(version)
+    return releases.labels_for(version)
 
 
 def _fmt(labels) -> str:

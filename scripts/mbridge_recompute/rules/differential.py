@@ -247,11 +247,11 @@ class Result:
 
 
 def run_case(name: str, overrides: dict, te_version: Optional[str]) -> Result:
-    from mbridge_recompute import labels
+    from mbridge_recompute.facts import releases
     from mbridge_recompute.rules import builtin, live
 
-    version = labels.target_version()
-    installed = labels.installed_mcore_version()
+    version = releases.target_version()
+    installed = releases.installed_mcore_version()
     w = workload(overrides)
     out = live.build(w, te_version)
     if out.exc_type is None:

@@ -10,7 +10,7 @@ from __future__ import annotations
 from functools import lru_cache
 from typing import Optional
 
-from mbridge_recompute import card
+from mbridge_recompute.facts import card
 
 SEVERITIES = ("error", "warning", "info")
 _RANK = {s: i for i, s in enumerate(SEVERITIES)}

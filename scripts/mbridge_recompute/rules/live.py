@@ -30,7 +30,8 @@ from functools import lru_cache
 from pathlib import PurePath
 from typing import Optional
 
-from mbridge_recompute import card, labels
+from mbridge_recompute.facts import card
+from mbridge_recompute.facts import releases
 from mbridge_recompute.rules import builtin
 from mbridge_recompute.rules.findings import finding, report
 
@@ -39,7 +40,7 @@ CONFIG_FILES = {"tc": "transformer_config.py", "model_parallel_config.py": "mode
 
 def mcore_available() -> bool:
     """Is megatron-core installed (without importing it: that pulls torch)."""
-    return labels.installed_mcore_version() is not None
+    return releases.installed_mcore_version() is not None
 
 
 def bridge_available() -> bool:
@@ -183,7 +184,7 @@ def source_tag(mcore_version: Optional[str]) -> str:
 def map_message(message: str, version: str, file: Optional[str] = None, line: Optional[int] = None,
                 mcore_version: Optional[str] = None, warning: bool = False) -> Optional[str]:
     """The card constraint id megatron-core's `message` (raised at file:line) stands for."""
-    tag = source_tag(mcore_version or labels.installed_mcore_version())
+    tag = source_tag(mcore_version or releases.installed_mcore_version())
     pool = [c for c in card.constraints() if c["kind"] == "config"
             and version in [str(v) for v in c["versions"]]
             and (c["severity"] != "error") == warning]
@@ -209,14 +210,14 @@ def _other(cid: str, severity: str, message: str, upstream: str, where: str) -> 
 
 
 def check(w, version: Optional[str] = None, te_version: Optional[str] = None) -> dict:
-    installed = labels.installed_mcore_version()
+    installed = releases.installed_mcore_version()
     if installed is None:
         from mbridge_recompute.errors import InputError
 
         raise InputError("--validator", "live needs megatron-core installed "
                          "(pip install megatron-core); use --validator builtin")
-    target = labels.resolve_version(installed)
-    if version is not None and labels.resolve_version(version) != target:
+    target = releases.resolve_version(installed)
+    if version is not None and releases.resolve_version(version) != target:
         from mbridge_recompute.errors import InputError
 
         raise InputError("--mcore-version", f"the live validator runs the installed megatron-core "

@@ -57,7 +57,7 @@ from pathlib import Path
 from typing import Iterable, Optional, Sequence
 
 from mbridge_recompute.errors import InputError
-from mbridge_recompute.logs import CONFIG_DUMP
+from mbridge_recompute.logs.runlog import CONFIG_DUMP
 from mbridge_recompute.setting import RecomputeSetting
 
 BOOTSTRAP = "scripts/performance/bootstrap.py"
@@ -142,7 +142,7 @@ def candidates_from_plan(path: str, with_control: bool = True, notes: Optional[l
     implicit default, which it replaces by ["core_attn"]
     (`transformer_config.py:1821-1822`); the sweep spells it out.
     """
-    from mbridge_recompute.loading import read_json
+    from mbridge_recompute.inputs.loading import read_json
 
     data = read_json(path, "--from-plan")
     if not isinstance(data, dict):
@@ -203,9 +203,9 @@ def _setting_from_fields(e, where: str) -> RecomputeSetting:
 
 def _known_labels() -> set:
     # the checkout's Megatron-LM may be any version: accept a label any known version has
-    from mbridge_recompute import labels
+    from mbridge_recompute.facts import releases
 
-    return {lab for v in labels.known_versions() for lab in labels.labels_for(v)}
+    return {lab for v in releases.known_versions() for lab in releases.labels_for(v)}
 
 
 def _unique(settings: list, where: str) -> list:
@@ -300,7 +300,7 @@ def recompute_tokens(setting: RecomputeSetting, hydra_only: bool = False) -> lis
     for the `--use_recipes` path, where the recompute flags are ignored
     (`run_recipe.py:45-208`): there every key goes through Hydra.
     """
-    from mbridge_recompute.snippets import render  # jinja2 is not needed for token formats
+    from mbridge_recompute.write.snippets import render  # jinja2 is not needed for token formats
 
     try:
         return list(render(setting, "overrides" if hydra_only else "harness"))

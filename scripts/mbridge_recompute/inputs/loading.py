@@ -15,14 +15,16 @@ import difflib
 import json
 from functools import lru_cache
 from pathlib import Path
+
+from mbridge_recompute import DATA_DIR
 from typing import Any, Iterable
 
-from mbridge_recompute import labels
+from mbridge_recompute.facts import releases
 from mbridge_recompute.errors import InputError
 from mbridge_recompute.workload import (CLUSTER_KEYS, COMM_OVERLAP_KEYS, DDP_KEYS, FIELD_NAMES,
                                         OPTIMIZER_KEYS, TRAIN_KEYS, Workload)
 
-DATA = Path(__file__).resolve().parent / "data"
+DATA = DATA_DIR
 
 # Sections of a Bridge ConfigContainer dump that the tools do not read; their keys
 # are not checked (they cannot be, without Bridge importable). The optimizer section is
@@ -354,11 +356,11 @@ def load_workload(path: str | None = None, sets: Iterable[str] = (), model: str 
     if default and not (path or model or hf_config):
         data = _read_yaml(DATA / "default_workload.yaml", "default workload")
     if model:
-        from mbridge_recompute import catalog
+        from mbridge_recompute.inputs import catalog
 
         data = _merge(data, catalog.model_sections(model))
     if hf_config:
-        from mbridge_recompute import hf_config as hf
+        from mbridge_recompute.inputs import hf_config as hf
 
         data = _merge(data, {"model": hf.model_fields(Path(hf_config))})
     if path:
@@ -373,7 +375,7 @@ def load_workload(path: str | None = None, sets: Iterable[str] = (), model: str 
             raise InputError(where, f"must be an integer from 0 to num_layers={n}, got {value!r}")
         fields["moe_layer_freq"] = [0] * value + [1] * (n - value)
     workload = Workload(**fields, extra_model=extra)
-    validate(workload, mcore_version or labels.target_version())
+    validate(workload, mcore_version or releases.target_version())
     return workload
 
 
@@ -440,7 +442,7 @@ def validate(w: Workload, version: str) -> None:
         raise InputError("model.recompute_method",
                          f"must be uniform, block or null, got {w.recompute_method!r}")
     if w.recompute_granularity == "selective" and w.recompute_modules:
-        labels.require_known(w.recompute_modules, version, "model.recompute_modules")
+        releases.require_known(w.recompute_modules, version, "model.recompute_modules")
 
 
 def read_json(path: str, where: str) -> Any:

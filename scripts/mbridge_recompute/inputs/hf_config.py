@@ -74,7 +74,7 @@ GATED_GELU_MODEL_TYPES = {"gemma", "gemma2", "gemma3", "gemma3_text"}
 
 def _read(path: Path) -> dict:
     where = "--hf-config"
-    from mbridge_recompute.loading import read_json
+    from mbridge_recompute.inputs.loading import read_json
 
     data = read_json(path, where)
     if not isinstance(data, dict):

@@ -24,8 +24,8 @@ from pathlib import Path
 from typing import Callable, Optional, Sequence
 
 from mbridge_recompute.errors import InputError
-from mbridge_recompute.harness import Run, Sweep
-from mbridge_recompute.logs import CONFIG_DUMP, LOG, MANIFEST
+from mbridge_recompute.runs.harness import Run, Sweep
+from mbridge_recompute.logs.runlog import CONFIG_DUMP, LOG, MANIFEST
 
 OUR_FILES = (LOG, MANIFEST, CONFIG_DUMP)
 

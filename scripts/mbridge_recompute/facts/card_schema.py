@@ -5,7 +5,7 @@ a typo there is a bug everywhere. `validate(card)` returns a list of problems
 (empty when the card is well-formed); each names the path of the bad field, e.g.
 `evidence[1].rows[3].peak_allocated_gb: expected a number, got 'n/a'`.
 
-Run on a file: `python3 -m mbridge_recompute.card_schema card.yaml` (exit 0 when
+Run on a file: `python3 -m mbridge_recompute.facts.card_schema card.yaml` (exit 0 when
 valid, 1 with one problem per line otherwise).
 """
 
@@ -196,7 +196,7 @@ def check_file(path: str | Path) -> list[str]:
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if len(argv) != 1 or argv[0] in ("-h", "--help"):
-        sys.stdout.write("usage: python3 -m mbridge_recompute.card_schema CARD.yaml\n")
+        sys.stdout.write("usage: python3 -m mbridge_recompute.facts.card_schema CARD.yaml\n")
         return 0 if argv and argv[0] in ("-h", "--help") else 2
     problems = check_file(argv[0])
     for line in problems:

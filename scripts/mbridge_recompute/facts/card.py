@@ -11,7 +11,9 @@ from __future__ import annotations
 from functools import lru_cache
 from pathlib import Path
 
-CARD_PATH = Path(__file__).resolve().parent / "data" / "card.yaml"
+from mbridge_recompute import DATA_DIR
+
+CARD_PATH = DATA_DIR / "card.yaml"
 
 
 @lru_cache(maxsize=1)

@@ -13,9 +13,11 @@ import copy
 from functools import lru_cache
 from pathlib import Path
 
+from mbridge_recompute import DATA_DIR
+
 from mbridge_recompute.errors import InputError
 
-MODELS_PATH = Path(__file__).resolve().parent / "data" / "models.yaml"
+MODELS_PATH = DATA_DIR / "models.yaml"
 
 
 @lru_cache(maxsize=1)

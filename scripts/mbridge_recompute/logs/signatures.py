@@ -194,7 +194,7 @@ RUNTIME: tuple = (
 @lru_cache(maxsize=1)
 def card_signatures() -> tuple:
     """One matcher per card constraint whose `message` is upstream text."""
-    from mbridge_recompute import card
+    from mbridge_recompute.facts import card
 
     out = []
     for c in card.constraints():

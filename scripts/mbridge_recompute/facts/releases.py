@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from functools import lru_cache
 
-from mbridge_recompute import card
+from mbridge_recompute.facts import card
 
 DEFAULT_VERSION = "0.16.1"
 

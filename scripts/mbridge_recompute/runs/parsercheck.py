@@ -19,7 +19,7 @@ import sys
 from pathlib import Path
 from typing import Sequence
 
-from mbridge_recompute.harness import ARGUMENT_PARSER, Run, harness_tail
+from mbridge_recompute.runs.harness import ARGUMENT_PARSER, Run, harness_tail
 
 # Runs inside the checkout's interpreter: reads [[args...], ...] on stdin, prints one JSON line.
 _PROBE = r"""

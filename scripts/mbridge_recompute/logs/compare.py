@@ -32,7 +32,7 @@ from functools import reduce
 from typing import Optional
 
 from mbridge_recompute.errors import InputError
-from mbridge_recompute.logs import Run
+from mbridge_recompute.logs.runlog import Run
 
 STATUSES = ("pass", "oom", "nan", "incomplete")
 CONTROL_NAMES = ("empty", "[]", "control")

@@ -143,13 +143,13 @@ def full_settings(w, version: Optional[str] = None) -> list[RecomputeSetting]:
     """uniform:N and block:N candidates. 0.16.1 needs N to divide every chunk for uniform
     (IndexError otherwise, tb:532-542 @ core_v0.16.1); main clamps the last group
     (recompute.py:157-166 @ d98e8a6), so any N up to the chunk works there."""
-    from mbridge_recompute import labels
+    from mbridge_recompute.facts import releases
 
     chunks = chunk_layer_counts(w)
     g = 0
     for c in chunks:
         g = math.gcd(g, c)
-    if labels.resolve_version(version or labels.target_version()) == "0.16.1":
+    if releases.resolve_version(version or releases.target_version()) == "0.16.1":
         uniform = [RecomputeSetting.full("uniform", n) for n in range(1, g + 1) if g % n == 0]
     else:
         uniform = [RecomputeSetting.full("uniform", n) for n in range(1, max(chunks) + 1)]
@@ -161,7 +161,7 @@ def full_settings(w, version: Optional[str] = None) -> list[RecomputeSetting]:
 
 def _nested() -> dict:
     """label -> labels it contains (card.yaml `contains`)."""
-    from mbridge_recompute import card
+    from mbridge_recompute.facts import card
 
     return {e["label"]: set(e.get("contains") or []) for e in card.load()["labels"]}
 
@@ -273,7 +273,7 @@ def harness_candidates(rec: Optional[Candidate], frontier: list[Candidate], neig
 
 def measured_peak_from_compare(path: str) -> float:
     """The control run's peak_allocated_gb from a `compare --json` report."""
-    from mbridge_recompute.loading import read_json
+    from mbridge_recompute.inputs.loading import read_json
 
     data = read_json(path, "--measured")
     if not isinstance(data, dict) or not isinstance(data.get("runs"), list):
@@ -405,7 +405,7 @@ def plan(w, budget_gb: Optional[float] = None, measured_peak_gb: Optional[float]
 
     recommendation = None
     if rec is not None:
-        from mbridge_recompute.snippets import render_all
+        from mbridge_recompute.write.snippets import render_all
 
         recommendation = rec.as_dict()
         recommendation["fits"] = fits

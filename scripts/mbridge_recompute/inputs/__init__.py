@@ -1,0 +1,1 @@
+"""Inputs -> Workload: workload files, Bridge dumps, overrides, the model catalog, HF configs."""

@@ -1,0 +1,1 @@
+"""Reading runs: log parsing, the matched comparison, OOM and error diagnosis."""

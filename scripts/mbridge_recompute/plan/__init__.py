@@ -1,0 +1,1 @@
+"""Choosing a recompute setting: candidates, their memory/cost frontier, the recommendation."""

@@ -1,0 +1,1 @@
+"""Writing a recompute setting in the formats users paste."""
