@@ -31,7 +31,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import bridge_formula  # noqa: E402
 from mbridge_recompute import memory  # noqa: E402
 from mbridge_recompute.facts import card
-from mbridge_recompute.plan import selector
+from mbridge_recompute.plan import budget, planner, search
 from mbridge_recompute.inputs.loading import load_workload  # noqa: E402
 from mbridge_recompute.output import GB  # noqa: E402
 from mbridge_recompute.setting import RecomputeSetting  # noqa: E402
@@ -139,19 +139,19 @@ def selection_rows() -> list[dict]:
     w = load_workload(str(ROOT / "examples/moonlight_16b.yaml"))
     control = _hot(memory.estimate(RecomputeSetting.selective().apply(w))).peak_bytes
     budget = (control - 0.5 * GB) / GB
-    r = selector.plan(w, budget_gb=budget)
+    r = planner.plan(w, budget_gb=budget).to_dict()
     out.append({"study": "moonlight_16b", "budget": f"[] control - 0.5 GB = {budget:.2f} GB",
                 "recommended": r["recommendation"]["name"] if r["recommendation"] else None,
                 "measured_answer": "moe_act (cheapest boundary saving > 0.5 GB)"})
     w = load_workload(str(ROOT / "examples/nemotron_3_nano.yaml"))
-    full = selector.plan(w)
+    full = planner.plan(w).to_dict()
     # the most any allowed selective set without `moe` can do, and the most a set with `moe` can do
     narrow = min(c["peak_bytes"] for c in full["candidates"] if c["allowed"]
                  and c["recompute_granularity"] == "selective" and "moe" not in c["recompute_modules"])
     whole = min(c["peak_bytes"] for c in full["candidates"] if c["allowed"]
                 and "moe" in (c["recompute_modules"] or []))
     budget = (narrow + whole) / 2 / GB
-    r = selector.plan(w, budget_gb=budget)
+    r = planner.plan(w, budget_gb=budget).to_dict()
     out.append({"study": "nemotron_3_nano",
                 "budget": f"between the best set without moe ({narrow / GB:.2f} GB) and with moe "
                           f"({whole / GB:.2f} GB) = {budget:.2f} GB",

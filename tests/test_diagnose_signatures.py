@@ -51,7 +51,7 @@ RAISED = [
      "tensors by default. It needs transformer-engine>=2.6.0dev0.", "save-original-input-needs-te-2-6"),
     ("NotImplementedError: set_for_recompute_input_layernorm is not implemented.",
      "layernorm-recompute-attention-override"),
-    ("AssertionError: num_layers should be divisible by pipeline_model_parallel_size", "num-layers-divisible-by-pp"),
+    ("AssertionError: num_layers should be divisible by pipeline_model_parallel_size", "pp-does-not-divide-layers"),
     # megatron/training/arguments.py
     ("AssertionError: recompute method is not yet supported for selective recomputing granularity",
      "selective-with-method"),

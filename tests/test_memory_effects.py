@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 
 from mbridge_recompute.facts import releases
-from mbridge_recompute.memory import estimate, label_effects, replay_cost_pct
+from mbridge_recompute.memory import estimate, replay_cost_pct
+from mbridge_recompute.plan.labels import label_effects
 from mbridge_recompute.workload import Workload
 
 
@@ -157,3 +158,38 @@ def test_replayed_communication_is_charged():
     no_tp = dense(tensor_model_parallel_size=1, sequence_parallel=False, **sel)
     assert replay_cost_pct(no_tp, Knobs(comm_flops_per_byte=1e4)) == pytest.approx(
         replay_cost_pct(no_tp))
+
+
+def test_check_and_plan_agree_on_layernorm_for_a_hybrid_stack_without_moe():
+    """Hybrid M*-M under TE: the attention and MLP norms are fused (IdentityOp), Mamba layers have
+    no layernorm recompute; the checker reports the no-op and the plan takes it from there."""
+    from mbridge_recompute.rules import check_workload
+
+    w = dense(hybrid_override_pattern="M*-M", num_layers=4, pipeline_model_parallel_size=1)
+    ws = w.replace(recompute_granularity="selective", recompute_modules=["layernorm"])
+    ids = {f["id"] for f in check_workload(ws, "builtin", "0.16.1")["findings"]}
+    assert "layernorm-on-te-dense-spec" in ids
+    eff = by_label(label_effects(w, "0.16.1"))["layernorm"]
+    assert not eff.applicable and "layernorm-on-te-dense-spec" in eff.reason
+
+
+@pytest.mark.parametrize("model", __import__("mbridge_recompute.inputs.catalog", fromlist=["x"]).names())
+def test_check_and_plan_agree_on_applicability_for_every_catalog_model_and_label(model):
+    """One source of applicability: what `check` reports for the single-label setting is what
+    `plan` says of the label (rejected, silent no-op, or applicable)."""
+    from mbridge_recompute.inputs.loading import load_workload
+    from mbridge_recompute.rules import check_workload
+
+    w = load_workload(model=model, mcore_version="0.16.1")
+    base = {f["id"] for f in check_workload(w.replace(recompute_granularity="selective", recompute_modules=[]),
+                                            "builtin", "0.16.1")["findings"]}
+    for eff in label_effects(w, "0.16.1"):
+        ws = w.replace(recompute_granularity="selective", recompute_modules=[eff.label])
+        new = [f for f in check_workload(ws, "builtin", "0.16.1")["findings"] if f["id"] not in base]
+        blocking = [f for f in new if f["severity"] == "error"
+                    or (f["kind"] == "silent-no-op" and f["severity"] != "info")]
+        if blocking:
+            assert not eff.applicable and any(f["id"] in eff.reason for f in blocking), (model, eff)
+        elif eff.applicable is False:
+            # only the memory model's own reasons remain: a label it does not cover here
+            assert "not modelled" in eff.reason or eff.reason.startswith("no "), (model, eff)

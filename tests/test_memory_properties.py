@@ -7,7 +7,8 @@ import time
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
-from mbridge_recompute.memory import estimate, label_effects
+from mbridge_recompute.memory import estimate
+from mbridge_recompute.plan.labels import label_effects
 from mbridge_recompute.workload import Workload
 
 LABELS_0161 = ["core_attn", "mla_up_proj", "layernorm", "moe_act", "mlp", "moe", "shared_experts"]

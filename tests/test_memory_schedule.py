@@ -1,11 +1,11 @@
-"""Pipeline schedules, layer placement and full recompute per model chunk."""
+"""Pipeline schedules (in-flight micro-batches) and full recompute per model chunk."""
 
 from __future__ import annotations
 
 import pytest
 
 from mbridge_recompute.memory import estimate
-from mbridge_recompute.memory.schedule import chunk_layout, inflight_vectors
+from mbridge_recompute.memory.schedule import inflight_vectors
 from mbridge_recompute.memory.shape import shape_of
 from mbridge_recompute.memory.tensors import layer_bytes
 from mbridge_recompute.memory.types import DEFAULT_KNOBS
@@ -59,20 +59,6 @@ def test_first_stage_holds_the_most_microbatches():
     est = estimate(dense(pipeline_model_parallel_size=4, virtual_pipeline_model_parallel_size=2))
     counts = [r.in_flight_microbatches for r in est.ranks]
     assert counts == sorted(counts, reverse=True) and counts[0] > counts[-1]
-
-
-def test_layers_are_laid_out_by_virtual_stage():
-    """Virtual stage j*p + r is rank r's chunk j: with 8 layers, p 2, v 2, rank 0 holds
-    layers 0-1 and 4-5."""
-    kinds = [f"L{i}" for i in range(8)]
-    layout = chunk_layout(kinds, 2, 2)
-    assert layout[0] == [["L0", "L1"], ["L4", "L5"]]
-    assert layout[1] == [["L2", "L3"], ["L6", "L7"]]
-
-
-def test_uneven_first_and_last_stage_layer_counts():
-    layout = chunk_layout(["x"] * 30, 4, 1, first=6, last=6)
-    assert [len(r[0]) for r in layout] == [6, 9, 9, 6]
 
 
 def test_embedding_on_first_stage_and_logits_on_last_stage():

@@ -194,7 +194,7 @@ def test_plot_draws_per_rank_stacked_bars_next_to_the_frontier(tmp_path):
     matplotlib.use("Agg")
     from mbridge_recompute.commands import plan as plan_cmd
     from mbridge_recompute.inputs.loading import load_workload
-    from mbridge_recompute.plan.selector import plan
+    from mbridge_recompute.plan.planner import plan
 
     report = plan(load_workload(default=True))
     drawn = {}
@@ -212,11 +212,11 @@ def test_plot_draws_per_rank_stacked_bars_next_to_the_frontier(tmp_path):
     finally:
         plt.Figure.savefig = real_savefig
     bars, frontier = drawn["axes"]
-    pp = len(report["ranks"])
+    pp = len(report.estimate.ranks)
     assert pp == 4
     static = [p for p in bars.patches[:pp]]
     assert [round(p.get_height() * 1e9) for p in static] == \
-        [pytest.approx(r["static_bytes"], rel=1e-6) for r in report["ranks"]]
+        [pytest.approx(r.static_bytes, rel=1e-6) for r in report.estimate.ranks]
     assert len(bars.patches) > 2 * pp          # static + at least one activation part + transient
     assert frontier.get_xlabel().startswith("modelled replay cost")
 

@@ -7,7 +7,9 @@ import json
 import pytest
 
 from conftest import EXAMPLES
-from mbridge_recompute.plan import selector
+from mbridge_recompute.placement import place
+from mbridge_recompute.plan import budget, planner, search
+from mbridge_recompute.plan.labels import label_effects
 from mbridge_recompute.errors import InputError
 from mbridge_recompute.inputs.loading import load_workload
 from mbridge_recompute.setting import RecomputeSetting
@@ -22,11 +24,11 @@ def moonlight():
 
 @pytest.fixture(scope="module")
 def moonlight_plan(moonlight):
-    return selector.plan(moonlight)
+    return planner.plan(moonlight).to_dict()
 
 
 def test_moe_is_never_combined_with_the_labels_it_contains():
-    settings = selector.selective_settings(["moe", "moe_act", "shared_experts", "layernorm"])
+    settings = search.selective_settings(["moe", "moe_act", "shared_experts", "layernorm"])
     mods = [set(s.modules) for s in settings]
     assert not [m for m in mods if "moe" in m and m & {"moe_act", "shared_experts"}]
     # 2^3 subsets without moe (incl. the [] control) + {moe} and {moe, layernorm}
@@ -36,37 +38,45 @@ def test_moe_is_never_combined_with_the_labels_it_contains():
 
 def test_uniform_counts_divide_every_model_chunk_and_block_spans_the_chunk():
     w = load_workload(default=True)                     # 80 layers, PP 4 x VPP 5: chunks of 4
-    assert set(selector.chunk_layer_counts(w)) == {4}
-    names = [s.candidate() for s in selector.full_settings(w)]
+    assert set(place(w).chunk_sizes) == {4}
+    names = [s.candidate() for s in search.full_settings(w)]
     assert names == ["uniform:1", "uniform:2", "uniform:4", "block:1", "block:2", "block:3", "block:4"]
     m = load_workload(str(EXAMPLES / "moonlight_16b.yaml"))   # PP 1: one chunk of 27
-    assert [s.num_layers for s in selector.full_settings(m) if s.method == "uniform"] == [1, 3, 9, 27]
+    assert [s.num_layers for s in search.full_settings(m) if s.method == "uniform"] == [1, 3, 9, 27]
 
 
 def test_uneven_pipeline_chunks_allow_only_common_divisors():
     w = load_workload(model="deepseek-v3")              # 4 + 14 x 4 + 1 layers over PP 16
-    chunks = selector.chunk_layer_counts(w)
+    chunks = place(w).chunk_sizes
     assert chunks[0] == 4 and chunks[-1] == 1 and sum(chunks) == 61
-    full = selector.full_settings(w)
+    full = search.full_settings(w)
     assert [s.num_layers for s in full if s.method == "uniform"] == [1]
     assert max(s.num_layers for s in full if s.method == "block") == 4
 
 
 def test_default_budget_keeps_five_percent_or_two_gb_of_headroom():
     w = load_workload(default=True)
-    assert selector.default_budget_bytes(w) == int(76 * GB)
-    assert selector.default_budget_bytes(w.replace(gpu_memory_gb=24.0)) == int(22 * GB)
-    _, text = selector.budget_statement(w, None)
+    assert budget.default_budget_bytes(w) == int(76 * GB)
+    assert budget.default_budget_bytes(w.replace(gpu_memory_gb=24.0)) == int(22 * GB)
+    _, text = budget.budget_statement(w, None)
     assert "headroom" in text and "--budget-gb" in text
     with pytest.raises(InputError):
-        selector.budget_statement(w, -1.0)
+        budget.budget_statement(w, -1.0)
 
 
 def test_searched_labels_are_applicable_ones(moonlight_plan):
-    applicable = {e["label"] for e in moonlight_plan["labels"] if e["applicable"]}
+    """Allowed sets hold only applicable labels; a label the checker rejects on its own appears
+    once, as a rejected single that names the rule (its effect says the same)."""
+    effects = {e["label"]: e for e in moonlight_plan["labels"]}
+    applicable = {lb for lb, e in effects.items() if e["applicable"]}
     for c in moonlight_plan["candidates"]:
-        if c["recompute_granularity"] == "selective":
+        if c["recompute_granularity"] != "selective":
+            continue
+        if c["allowed"]:
             assert set(c["recompute_modules"]) <= applicable, c["name"]
+        else:
+            (label,) = c["recompute_modules"]
+            assert c["rejected_by"] and c["rejected_by"][0] in effects[label]["reason"]
 
 
 def test_a_label_saving_only_on_a_cooler_rank_is_still_searched():
@@ -76,11 +86,11 @@ def test_a_label_saving_only_on_a_cooler_rank_is_still_searched():
     from mbridge_recompute import memory
 
     w = load_workload(model="deepseek-v3")
-    r = selector.plan(w)
-    mlp_effect = next(e for e in memory.label_effects(w) if e.label == "mlp")
+    r = planner.plan(w).to_dict()
+    mlp_effect = next(e for e in label_effects(w) if e.label == "mlp")
     cands = {c["name"]: c for c in r["candidates"]}
     assert r["hottest_pp_rank"] != 0 and mlp_effect.applicable
-    assert mlp_effect.saving_bytes <= selector.NEGLIGIBLE_FRACTION * cands["[]"]["model_peak_bytes"]
+    assert mlp_effect.saving_bytes <= planner.NEGLIGIBLE_FRACTION * cands["[]"]["model_peak_bytes"]
     assert "mlp" in cands and any("mlp" in (c["recompute_modules"] or []) and len(c["recompute_modules"]) > 1
                                   for c in r["candidates"])
 
@@ -104,7 +114,7 @@ def test_dominated_candidates_are_marked_and_the_frontier_is_undominated(moonlig
 def test_recommendation_is_the_cheapest_candidate_that_fits(moonlight, moonlight_plan):
     peaks = sorted(c["peak_bytes"] for c in moonlight_plan["candidates"] if c["allowed"])
     budget = (peaks[0] + peaks[-1]) / 2 / GB                 # some fit, some do not
-    r = selector.plan(moonlight, budget_gb=budget)
+    r = planner.plan(moonlight, budget_gb=budget).to_dict()
     rec = r["recommendation"]
     assert rec["fits"] and rec["peak_bytes"] <= budget * GB
     fitting = [c for c in r["candidates"] if c["fits"]]
@@ -113,7 +123,7 @@ def test_recommendation_is_the_cheapest_candidate_that_fits(moonlight, moonlight
 
 
 def test_nothing_fits_a_tiny_budget_and_the_lowest_peak_is_reported(moonlight, moonlight_plan):
-    r = selector.plan(moonlight, budget_gb=1.0)
+    r = planner.plan(moonlight, budget_gb=1.0).to_dict()
     assert r["fits"] is False and r["recommendation"]["fits"] is False
     lowest = min(c["peak_bytes"] for c in r["candidates"] if c["allowed"])
     assert r["recommendation"]["peak_bytes"] == lowest
@@ -122,7 +132,7 @@ def test_nothing_fits_a_tiny_budget_and_the_lowest_peak_is_reported(moonlight, m
 def test_calibration_shifts_every_prediction_by_the_measured_offset(moonlight, moonlight_plan):
     control = next(c for c in moonlight_plan["candidates"] if c["name"] == "[]")
     measured = control["model_peak_bytes"] / GB + 1.75
-    r = selector.plan(moonlight, measured_peak_gb=measured)
+    r = planner.plan(moonlight, measured_peak_gb=measured).to_dict()
     offset = int(measured * GB) - control["model_peak_bytes"]
     assert r["calibration"]["offset_bytes"] == offset
     before = {c["name"]: c["peak_bytes"] for c in moonlight_plan["candidates"]}
@@ -136,7 +146,7 @@ def test_calibration_shifts_every_prediction_by_the_measured_offset(moonlight, m
 def test_candidates_the_checker_rejects_are_never_recommended():
     """Nemotron 3 Nano runs TE CUDA graphs (attn, mamba): full recompute needs full-iteration capture."""
     w = load_workload(str(EXAMPLES / "nemotron_3_nano.yaml"))
-    r = selector.plan(w, budget_gb=1.0)
+    r = planner.plan(w, budget_gb=1.0).to_dict()
     full = [c for c in r["candidates"] if c["recompute_granularity"] == "full"]
     assert full and all(not c["allowed"] for c in full)
     assert all("full-recompute-needs-full-iteration-graph" in c["rejected_by"] for c in full)
@@ -159,31 +169,31 @@ def test_measured_peak_comes_from_the_compare_reports_control_run(tmp_path):
     p.write_text(json.dumps({"control": "empty", "runs": [
         {"name": "moe_act", "status": "pass", "peak_allocated_gb": 35.941},
         {"name": "empty", "status": "pass", "peak_allocated_gb": 36.618}]}))
-    assert selector.measured_peak_from_compare(str(p)) == 36.618
+    assert budget.measured_peak_from_compare(str(p)) == 36.618
     p.write_text(json.dumps({"control": "empty", "runs": [{"name": "empty", "status": "oom",
                                                           "peak_allocated_gb": None}]}))
     with pytest.raises(InputError) as exc:
-        selector.measured_peak_from_compare(str(p))
+        budget.measured_peak_from_compare(str(p))
     assert exc.value.field == "--measured" and "no peak_allocated_gb" in exc.value.reason
 
 
 def test_uniform_counts_need_not_divide_the_chunk_on_main():
     """main clamps the last recompute group (recompute.py:157-166 @ d98e8a6); 0.16.1 raises IndexError."""
     m = load_workload(str(EXAMPLES / "moonlight_16b.yaml"))
-    on_main = [s.num_layers for s in selector.full_settings(m, "main") if s.method == "uniform"]
+    on_main = [s.num_layers for s in search.full_settings(m, "main") if s.method == "uniform"]
     assert on_main == list(range(1, 28))
-    on_0161 = [s.num_layers for s in selector.full_settings(m, "0.16.1") if s.method == "uniform"]
+    on_0161 = [s.num_layers for s in search.full_settings(m, "0.16.1") if s.method == "uniform"]
     assert on_0161 == [1, 3, 9, 27]
 
 
 def test_plan_for_main_searches_non_divisor_uniform_counts(moonlight):
-    r = selector.plan(moonlight, version="main")
+    r = planner.plan(moonlight, version="main").to_dict()
     uniform = {c["recompute_num_layers"] for c in r["candidates"] if c["recompute_method"] == "uniform"}
     assert uniform == set(range(1, 28))
 
 
 def test_when_nothing_needs_recompute_the_sweep_is_the_control_alone(moonlight):
-    r = selector.plan(moonlight, budget_gb=1000.0)
+    r = planner.plan(moonlight, budget_gb=1000.0).to_dict()
     assert r["recommendation"]["recompute_granularity"] is None and r["recommendation"]["fits"]
     assert r["harness_candidates"] == ["[]"]
 
@@ -192,7 +202,7 @@ def test_a_label_rejected_on_its_own_is_not_combined(moonlight):
     """A TE CUDA graph of the MoE router forbids whole-`moe` recompute (tc:2613-2680 @ core_v0.16.1):
     the memory model still counts `moe`'s saving, the checker rejects it, and no set holds it."""
     w = moonlight.replace(cuda_graph_impl="transformer_engine", cuda_graph_scope=["moe_router"])
-    r = selector.plan(w)
+    r = planner.plan(w).to_dict()
     single = next(c for c in r["candidates"] if c["recompute_modules"] == ["moe"])
     assert not single["allowed"] and "moe-recompute-with-te-moe-router-graph" in single["rejected_by"]
     combos = [c for c in r["candidates"] if c["recompute_granularity"] == "selective"
@@ -204,8 +214,8 @@ def test_a_label_rejected_on_its_own_is_not_combined(moonlight):
 
 def test_static_memory_over_budget_is_diagnosed_as_not_a_recompute_problem():
     """Llama3 8B with Adam on one GPU holds ~16 bytes per parameter (~128 GB) before any activation."""
-    r = selector.plan(load_workload(model="llama3-8b"))
+    r = planner.plan(load_workload(model="llama3-8b")).to_dict()
     assert r["fits"] is False
     assert r["diagnosis"].startswith("static memory alone")
-    r = selector.plan(load_workload(model="llama3-8b"), budget_gb=1000.0)
+    r = planner.plan(load_workload(model="llama3-8b"), budget_gb=1000.0).to_dict()
     assert r["fits"] is True and r["diagnosis"] is None

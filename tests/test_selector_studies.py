@@ -10,7 +10,8 @@ import pytest
 
 from conftest import EXAMPLES
 from mbridge_recompute import memory
-from mbridge_recompute.plan import selector
+from mbridge_recompute.plan import budget, planner, search
+from mbridge_recompute.plan.labels import label_effects
 from mbridge_recompute.inputs.loading import load_workload
 from mbridge_recompute.setting import RecomputeSetting
 
@@ -26,7 +27,7 @@ def test_moonlight_moe_act_is_the_cheapest_boundary_that_saves_half_a_gb():
     """Measured: moe_act saved 0.677 GB for +1.99 %, the cheapest real saving (Moonlight 16B sweep)."""
     w = load_workload(str(EXAMPLES / "moonlight_16b.yaml"))
     budget = (_control_peak(w) - 0.5 * GB) / GB
-    r = selector.plan(w, budget_gb=budget)
+    r = planner.plan(w, budget_gb=budget).to_dict()
     rec = r["recommendation"]
     assert rec["fits"]
     assert (rec["recompute_granularity"], rec["recompute_modules"]) == ("selective", ["moe_act"])
@@ -35,7 +36,7 @@ def test_moonlight_moe_act_is_the_cheapest_boundary_that_saves_half_a_gb():
 def test_moonlight_core_attn_is_not_worth_searching_under_fused_attention():
     """Measured: core_attn saved 0.004 GB (-0.01 %) for +3.85 %."""
     w = load_workload(str(EXAMPLES / "moonlight_16b.yaml"))
-    r = selector.plan(w)
+    r = planner.plan(w).to_dict()
     assert not any("core_attn" in (c["recompute_modules"] or []) for c in r["candidates"])
     assert any(a.startswith("label core_attn: dropped") for a in r["assumptions"])
 
@@ -46,7 +47,7 @@ def nano():
 
 
 def test_nemotron_narrow_moe_labels_save_less_than_whole_moe(nano):
-    effects = {e.label: e for e in memory.label_effects(nano)}
+    effects = {e.label: e for e in label_effects(nano)}
     assert effects["moe"].applicable and effects["moe_act"].applicable
     assert effects["moe_act"].saving_bytes < effects["moe"].saving_bytes
     assert effects["shared_experts"].saving_bytes < effects["moe"].saving_bytes
@@ -54,7 +55,7 @@ def test_nemotron_narrow_moe_labels_save_less_than_whole_moe(nano):
 
 def test_nemotron_whole_moe_is_recommended_when_the_need_exceeds_the_narrow_labels(nano):
     """Measured: moe_act gave relief but did not complete the step; moe was the smallest passing boundary."""
-    r = selector.plan(nano)
+    r = planner.plan(nano).to_dict()
     control = next(c for c in r["candidates"] if c["name"] == "[]")["peak_bytes"]
     without_moe = [c for c in r["candidates"] if c["allowed"] and c["recompute_granularity"] == "selective"
                    and "moe" not in c["recompute_modules"]]
@@ -63,7 +64,7 @@ def test_nemotron_whole_moe_is_recommended_when_the_need_exceeds_the_narrow_labe
                    if c["allowed"] and "moe" in (c["recompute_modules"] or []))
     assert with_moe < best_narrow
     budget = (best_narrow + with_moe) / 2 / GB                 # more than any narrow set can save
-    r = selector.plan(nano, budget_gb=budget)
+    r = planner.plan(nano, budget_gb=budget).to_dict()
     rec = r["recommendation"]
     assert rec["fits"] and "moe" in rec["recompute_modules"]
     assert control - rec["peak_bytes"] > control - best_narrow

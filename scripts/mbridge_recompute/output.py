@@ -14,9 +14,11 @@ from typing import Any, Callable, Iterable, Sequence
 GB = 1e9
 
 
-def emit(report: dict, as_json: bool, text: Callable[[dict], str]) -> None:
+def emit(report: Any, as_json: bool, text: Callable[[Any], str]) -> None:
+    """Print `report` as one JSON object (a dict, or a typed report's `to_dict()`) or as text."""
     if as_json:
-        sys.stdout.write(json.dumps(report, indent=2, sort_keys=False, default=str) + "\n")
+        data = report.to_dict() if hasattr(report, "to_dict") else report
+        sys.stdout.write(json.dumps(data, indent=2, sort_keys=False, default=str) + "\n")
     else:
         out = text(report)
         sys.stdout.write(out if out.endswith("\n") else out + "\n")

@@ -44,8 +44,9 @@ def add_arguments(parser) -> None:
 
 
 def run(args) -> int:
-    from mbridge_recompute.plan import selector
     from mbridge_recompute.inputs.loading import load_workload
+    from mbridge_recompute.plan.budget import measured_peak_from_compare
+    from mbridge_recompute.plan.planner import plan
 
     if args.top is not None and args.top < 1:
         raise InputError("--top", f"must be >= 1, got {args.top}")
@@ -55,32 +56,19 @@ def run(args) -> int:
                       mcore_version=args.mcore_version, default=True)
     measured, source = args.measured_peak_gb, "--measured-peak-gb"
     if args.measured:
-        measured, source = selector.measured_peak_from_compare(args.measured), f"--measured {args.measured}"
-    report = selector.plan(w, budget_gb=args.budget_gb, measured_peak_gb=measured,
-                           measured_source=source, version=args.mcore_version,
-                           neighbours=args.top if args.top is not None else 2)
+        measured, source = measured_peak_from_compare(args.measured), f"--measured {args.measured}"
+    report = plan(w, budget_gb=args.budget_gb, measured_peak_gb=measured, measured_source=source,
+                  version=args.mcore_version, top=args.top)
     if args.model:
         from mbridge_recompute.inputs import catalog
 
-        report["model_source"] = catalog.describe(args.model)
-    if args.top is not None:
-        report["frontier"] = nearest_frontier(report, args.top)
+        report.extra["model_source"] = catalog.describe(args.model)
     if args.plot:
-        report["plot"] = _plot(report, Path(args.plot))
+        report.extra["plot"] = _plot(report, Path(args.plot))
     from mbridge_recompute.output import emit
 
-    emit(report, args.json, lambda r: render_text(r, args.top or 15))
-    return EXIT_OK if report["fits"] else EXIT_PROBLEM
-
-
-def nearest_frontier(report: dict, n: int) -> list:
-    """The n frontier points closest in replay cost to the recommendation, cheapest first."""
-    rec = report.get("recommendation")
-    front = report["frontier"]
-    if rec is None:
-        return front[:n]
-    near = sorted(front, key=lambda c: (c["name"] != rec["name"], abs(c["cost_pct"] - rec["cost_pct"])))[:n]
-    return sorted(near, key=lambda c: (c["cost_pct"], c["peak_bytes"]))
+    emit(report, args.json, render_text)
+    return EXIT_OK if report.fits else EXIT_PROBLEM
 
 
 # --------------------------------------------------------------------------- text
@@ -89,26 +77,68 @@ def _gb(n) -> str:
     return f"{n / GB:.2f}"
 
 
-def render_text(r: dict, top: int = 15) -> str:
+TEXT_FRONTIER_ROWS = 15      # frontier rows in the text report when --top is not given
+
+
+def render_text(r) -> str:
+    """The plan as text, read from the PlanReport's attributes."""
     from mbridge_recompute.output import table
 
-    wl = r["workload"]
+    wl = r.workload
     out = [f"workload: {wl['num_layers']} layers, hidden {wl['hidden_size']}, TP{wl['tp']} PP{wl['pp']} "
            f"VPP{wl['vpp']} CP{wl['cp']} EP{wl['ep']} DP{wl['dp']}, seq {wl['seq_length']}, "
            f"MBS {wl['micro_batch_size']}, {wl['num_microbatches']} micro-batches, "
            f"{wl['gpu_memory_gb']:g} GB GPUs; recompute now: {wl['recompute']}",
-           f"budget: {_gb(r['budget_bytes'])} GB per GPU (sizes below in decimal GB)"]
-    if r.get("model_source"):
-        m = r["model_source"]
+           f"budget: {_gb(r.budget_bytes)} GB per GPU (sizes below in decimal GB)"]
+    m = r.extra.get("model_source")
+    if m:
         out.append(f"model: {m['title']} (catalog '{m['name']}'); layout: "
                    + ("from the cited recipe/study" if m.get("layout_source") else
                       "not in the catalog, defaults or your --set/workload values"))
     out.append("")
+    if r.estimate is not None:
+        out += _rank_table(r) + [""] + _label_table(r) + [""] + _frontier_table(r) + [""]
+    cur = r.current
+    if cur is not None:
+        out.append(f"current setting {cur.setting.describe()}: predicted peak {_gb(cur.peak_bytes)} GB, "
+                   f"replay cost {cur.cost_pct:.2f} %, "
+                   + ("fits" if cur.fits else "does not fit" if cur.allowed else
+                      "rejected: " + ", ".join(cur.rejected_by)))
+    rec = r.recommendation
+    if rec is None:
+        out.append("recommendation: none" + (" (every candidate is rejected by the checker)"
+                                             if r.candidates else ""))
+    else:
+        from mbridge_recompute.plan.report import CAVEAT
+        from mbridge_recompute.write.snippets import render_all
 
-    # per-rank memory under the current setting, activations by component
+        verdict = "fits" if r.fits else "does NOT fit"
+        out.append(f"recommendation: {rec.setting.describe()} ({rec.name}): predicted peak "
+                   f"{_gb(rec.peak_bytes)} GB on pp_rank {rec.hottest_pp_rank}, replay cost "
+                   f"{rec.cost_pct:.2f} %, {verdict} the {_gb(r.budget_bytes)} GB budget")
+        snip = render_all(rec.setting)
+        if snip.get("yaml"):
+            out += ["", "Bridge YAML:", snip["yaml"].rstrip()]
+        if snip.get("overrides"):
+            out += ["", "Hydra overrides: " + " ".join(snip["overrides"])]
+        out += ["", "matched sweep candidates: " + " ".join(r.harness_candidates), "  " + CAVEAT]
+    if r.diagnosis:
+        out += ["", "nothing fits: " + r.diagnosis]
+    if r.workload_findings:
+        out += ["", "errors under every setting (fix the workload first):"]
+        out += [f"  {f['id']}: {f['message']}" for f in r.workload_findings]
+    out += ["", "assumptions:"] + [f"  - {a}" for a in r.assumptions]
+    return "\n".join(out)
+
+
+def _rank_table(r) -> list:
+    """Per-rank memory under the current setting, activations by component."""
+    from mbridge_recompute.output import table
+
+    ranks = r.estimate.ranks
     comps: dict = {}
-    for rank in r["ranks"]:
-        for k, v in rank["activations"].items():
+    for rank in ranks:
+        for k, v in rank.activations.items():
             comps[k] = comps.get(k, 0) + v
     shown = [k for k, _ in sorted(comps.items(), key=lambda kv: -kv[1])][:6]
     headers = ["pp_rank", "static"] + [f"act:{k}" for k in shown]
@@ -116,65 +146,46 @@ def render_text(r: dict, top: int = 15) -> str:
         headers.append("act:other")
     headers += ["activations", "transient", "peak", "peak term"]
     rows = []
-    for rank in r["ranks"]:
-        row = [rank["pp_rank"], _gb(rank["static_bytes"])]
-        row += [_gb(rank["activations"].get(k, 0)) for k in shown]
+    for rank in ranks:
+        row = [rank.pp_rank, _gb(rank.static_bytes)] + [_gb(rank.activations.get(k, 0)) for k in shown]
         if len(comps) > len(shown):
-            row.append(_gb(sum(v for k, v in rank["activations"].items() if k not in shown)))
-        row += [_gb(rank["activation_bytes"]), _gb(rank["transient_bytes"]), _gb(rank["peak_bytes"]),
-                rank["peak_term"]]
+            row.append(_gb(sum(v for k, v in rank.activations.items() if k not in shown)))
+        row += [_gb(rank.activation_bytes), _gb(rank.transient_bytes), _gb(rank.peak_bytes),
+                rank.peak_term]
         rows.append(row)
-    out += [f"memory per pipeline rank (current setting; hottest rank {r['hottest_pp_rank']})",
-            table(headers, rows, "r" * (len(headers) - 1) + "l"), ""]
+    return [f"memory per pipeline rank (current setting; hottest rank {r.hottest_pp_rank})",
+            table(headers, rows, "r" * (len(headers) - 1) + "l")]
 
-    rows = [[e["label"], "yes" if e["applicable"] else "no", _gb(e["saving_bytes"]) if e["applicable"] else "-",
-             f"{e['cost_pct']:.2f}" if e["applicable"] else "-", e["reason"]] for e in r["labels"]]
-    out += ["recompute labels (saving on the hottest rank vs the [] control)",
-            table(["label", "applies", "saving GB", "cost %", "why"], rows, "llrrl"), ""]
 
-    rows = [[c["name"], _gb(c["peak_bytes"]), f"{c['cost_pct']:.2f}", "yes" if c["fits"] else "no",
-             c["peak_term"]] for c in r["frontier"][:top]]
-    more = len(r["frontier"]) - min(top, len(r["frontier"]))
-    dominated = sum(1 for c in r["candidates"] if c["dominated"])
-    rejected = [c for c in r["candidates"] if not c["allowed"]]
-    out += [f"frontier (peak vs replay cost; {dominated} dominated and {len(rejected)} rejected "
-            f"candidates not shown{f', {more} more points' if more > 0 else ''})",
-            table(["candidate", "peak GB", "cost %", "fits", "peak term"], rows, "lrrll")]
+def _label_table(r) -> list:
+    from mbridge_recompute.output import table
+
+    rows = [[e.label, "yes" if e.applicable else "no", _gb(e.saving_bytes) if e.applicable else "-",
+             f"{e.cost_pct:.2f}" if e.applicable else "-", e.reason] for e in r.labels]
+    return ["recompute labels (saving on the hottest rank vs the [] control)",
+            table(["label", "applies", "saving GB", "cost %", "why"], rows, "llrrl")]
+
+
+def _frontier_table(r) -> list:
+    from mbridge_recompute.output import table
+
+    front = r.shown_frontier
+    limit = r.top or TEXT_FRONTIER_ROWS
+    rows = [[c.name, _gb(c.peak_bytes), f"{c.cost_pct:.2f}", "yes" if c.fits else "no", c.peak_term]
+            for c in front[:limit]]
+    more = len(front) - min(limit, len(front))
+    dominated = sum(1 for c in r.candidates if c.dominated_by is not None)
+    rejected = [c for c in r.candidates if not c.allowed]
+    out = [f"frontier (peak vs replay cost; {dominated} dominated and {len(rejected)} rejected "
+           f"candidates not shown{f', {more} more points' if more > 0 else ''})",
+           table(["candidate", "peak GB", "cost %", "fits", "peak term"], rows, "lrrll")]
     groups: dict = {}
     for c in rejected:
-        groups.setdefault(", ".join(c["rejected_by"]), []).append(c["name"])
+        groups.setdefault(", ".join(c.rejected_by), []).append(c.name)
     for why, names in groups.items():
         shown_names = " ".join(names[:4]) + (f" and {len(names) - 4} more" if len(names) > 4 else "")
         out.append(f"  rejected by {why}: {shown_names}")
-    out.append("")
-
-    cur = r["current"]
-    out.append(f"current setting {cur['describe']}: predicted peak {_gb(cur['peak_bytes'])} GB, "
-               f"replay cost {cur['cost_pct']:.2f} %, "
-               + ("fits" if cur["fits"] else "does not fit" if cur["allowed"] else
-                  "rejected: " + ", ".join(cur["rejected_by"])))
-    rec = r["recommendation"]
-    if rec is None:
-        out.append("recommendation: none (every candidate is rejected by the checker)")
-    else:
-        verdict = "fits" if rec["fits"] else "does NOT fit"
-        out.append(f"recommendation: {rec['describe']} ({rec['name']}): predicted peak {_gb(rec['peak_bytes'])} GB "
-                   f"on pp_rank {rec['hottest_pp_rank']}, replay cost {rec['cost_pct']:.2f} %, {verdict} "
-                   f"the {_gb(rec['budget_bytes'])} GB budget")
-        snip = rec["snippets"]
-        if snip.get("yaml"):
-            out += ["", "Bridge YAML:", snip["yaml"].rstrip()]
-        if snip.get("overrides"):
-            out += ["", "Hydra overrides: " + " ".join(snip["overrides"])]
-        out += ["", "matched sweep candidates: " + " ".join(r["harness_candidates"]),
-                "  " + rec["caveat"]]
-    if r.get("diagnosis"):
-        out += ["", "nothing fits: " + r["diagnosis"]]
-    if r.get("workload_findings"):
-        out += ["", "errors under every setting (fix the workload first):"]
-        out += [f"  {f['id']}: {f['message']}" for f in r["workload_findings"]]
-    out += ["", "assumptions:"] + [f"  - {a}" for a in r["assumptions"]]
-    return "\n".join(out)
+    return out
 
 
 # --------------------------------------------------------------------------- plot
@@ -190,7 +201,7 @@ def _check_plot_target(path: Path, force: bool) -> None:
         raise InputError("--plot", f"no such directory: {path.parent}")
 
 
-def _plot(r: dict, path: Path) -> str:
+def _plot(r, path: Path) -> str:
     try:
         import matplotlib
     except ImportError:
@@ -200,28 +211,28 @@ def _plot(r: dict, path: Path) -> str:
 
     fig, (bars, ax) = plt.subplots(1, 2, figsize=(14, 5), gridspec_kw={"width_ratios": [2, 3]})
     _rank_bars(bars, r)
-    allowed = [c for c in r["candidates"] if c["allowed"]]
-    dom = [c for c in allowed if c["dominated"]]
-    front = sorted((c for c in allowed if not c["dominated"]), key=lambda c: c["cost_pct"])
-    ax.scatter([c["cost_pct"] for c in dom], [c["peak_bytes"] / GB for c in dom], s=12, c="0.7",
+    allowed = [c for c in r.candidates if c.allowed]
+    dom = [c for c in allowed if c.dominated_by is not None]
+    front = sorted(r.frontier, key=lambda c: c.cost_pct)
+    ax.scatter([c.cost_pct for c in dom], [c.peak_bytes / GB for c in dom], s=12, c="0.7",
                label="dominated")
-    ax.plot([c["cost_pct"] for c in front], [c["peak_bytes"] / GB for c in front], "o-", label="frontier")
+    ax.plot([c.cost_pct for c in front], [c.peak_bytes / GB for c in front], "o-", label="frontier")
     seen = set()
     for c in front[:12]:
-        spot = (round(c["cost_pct"], 2), round(c["peak_bytes"] / GB, 2))
+        spot = (round(c.cost_pct, 2), round(c.peak_bytes / GB, 2))
         if spot in seen:                 # e.g. "none" and "[]": one point, one label
             continue
         seen.add(spot)
-        ax.annotate(c["name"], (c["cost_pct"], c["peak_bytes"] / GB), fontsize=7,
+        ax.annotate(c.name, (c.cost_pct, c.peak_bytes / GB), fontsize=7,
                     xytext=(4, 3), textcoords="offset points")
-    ax.axhline(r["budget_bytes"] / GB, color="r", ls="--", lw=1, label="budget")
-    rec = r["recommendation"]
+    ax.axhline(r.budget_bytes / GB, color="r", ls="--", lw=1, label="budget")
+    rec = r.recommendation
     if rec:
-        ax.scatter([rec["cost_pct"]], [rec["peak_bytes"] / GB], s=90, facecolors="none", edgecolors="g",
-                   label=f"recommended: {rec['name']}")
+        ax.scatter([rec.cost_pct], [rec.peak_bytes / GB], s=90, facecolors="none", edgecolors="g",
+                   label=f"recommended: {rec.name}")
     ax.set_xlabel("modelled replay cost (% of step)")
     ax.set_ylabel("predicted peak on the hottest rank (GB)"
-                  + (", calibrated" if r.get("calibration") else ""))
+                  + (", calibrated" if r.calibration else ""))
     ax.legend(fontsize=8)
     ax.set_title("candidates: peak vs replay cost", fontsize=9)
     fig.tight_layout()
@@ -234,23 +245,23 @@ def _plot(r: dict, path: Path) -> str:
     return str(path)
 
 
-def _rank_bars(ax, r: dict) -> None:
+def _rank_bars(ax, r) -> None:
     """Per pipeline rank, the modelled peak as stacked bars: static, activations by component,
     the transient that sets the peak (current setting, uncalibrated)."""
-    ranks = r["ranks"]
-    xs = [k["pp_rank"] for k in ranks]
-    bottom = [k["static_bytes"] / GB for k in ranks]
+    ranks = r.estimate.ranks if r.estimate is not None else []
+    xs = [k.pp_rank for k in ranks]
+    bottom = [k.static_bytes / GB for k in ranks]
     ax.bar(xs, bottom, color="0.55", label="static")
-    parts = sorted({name for k in ranks for name in k.get("activations", {})})
+    parts = sorted({name for k in ranks for name in k.activations})
     for name in parts:
-        vals = [k.get("activations", {}).get(name, 0) / GB for k in ranks]
+        vals = [k.activations.get(name, 0) / GB for k in ranks]
         if not any(vals):
             continue
         ax.bar(xs, vals, bottom=bottom, label=f"act: {name}")
         bottom = [b + v for b, v in zip(bottom, vals)]
-    ax.bar(xs, [k["transient_bytes"] / GB for k in ranks], bottom=bottom, color="none",
+    ax.bar(xs, [k.transient_bytes / GB for k in ranks], bottom=bottom, color="none",
            edgecolor="k", hatch="//", label="transient at the peak")
-    ax.axhline(r["budget_bytes"] / GB, color="r", ls="--", lw=1, label="budget")
+    ax.axhline(r.budget_bytes / GB, color="r", ls="--", lw=1, label="budget")
     ax.set_xticks(xs)
     ax.set_xlabel("pipeline rank")
     ax.set_ylabel("modelled GB (current setting, uncalibrated)")

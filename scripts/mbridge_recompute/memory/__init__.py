@@ -2,9 +2,7 @@
 
 Public API:
     estimate(w, knobs=DEFAULT_KNOBS) -> MemoryEstimate        per-PP-rank peak for w's own recompute setting
-    label_effects(w, version=None, knobs=DEFAULT_KNOBS) -> list[LabelEffect]
-                                                             one per recompute label of the target version,
-                                                             saving vs the selective [] control
+    what_it_drops(w, label) -> (modelled, description)        what a label discards on this workload
     replay_cost_pct(w, knobs=DEFAULT_KNOBS) -> float           replayed forward work as % of the step
     first_iteration_peak_bytes(w, rank) -> int                a rank's peak in iteration 1, before the
                                                              first optimizer step creates Adam state
@@ -17,7 +15,7 @@ How it is built (one module per job):
     schedule.py   layer placement over PP/VPP chunks; in-flight micro-batches in MCore's order
     static.py     parameters per rank; weights, gradients, optimizer, fp8 copies, residual
     peak.py       per-rank peak = static + worst in-flight saved activations + largest transient
-    effects.py    per-label saving, applicability and reason
+    effects.py    what each label discards here (applicability is the checker's: plan/labels.py)
     cost.py       replayed FLOPs (+ communication, memory-bound kernels) as % of the step
     paper.py      Korthikanti et al. 2022 as a workload (reproduces Table 2 to the byte)
     measure.py    GPU harness: bytes real megatron-core layers keep, next to the prediction
@@ -27,11 +25,11 @@ Every modelled quantity a Workload does not hold is a `Knobs` field with a state
 and every assumption is returned as a sentence in `MemoryEstimate.assumptions`.
 """
 
-from mbridge_recompute.memory.types import (DEFAULT_KNOBS, PAPER_KNOBS, Knobs, LabelEffect,
-                                            MemoryEstimate, RankMemory)
+from mbridge_recompute.memory.types import (DEFAULT_KNOBS, PAPER_KNOBS, Knobs, MemoryEstimate,
+                                            RankMemory)
 from mbridge_recompute.memory.peak import estimate, first_iteration_peak_bytes
-from mbridge_recompute.memory.effects import label_effects
+from mbridge_recompute.memory.effects import what_it_drops
 from mbridge_recompute.memory.cost import replay_cost_pct
 
-__all__ = ["estimate", "first_iteration_peak_bytes", "label_effects", "replay_cost_pct", "MemoryEstimate", "RankMemory",
-           "LabelEffect", "Knobs", "DEFAULT_KNOBS", "PAPER_KNOBS"]
+__all__ = ["estimate", "first_iteration_peak_bytes", "what_it_drops", "replay_cost_pct",
+           "MemoryEstimate", "RankMemory", "Knobs", "DEFAULT_KNOBS", "PAPER_KNOBS"]

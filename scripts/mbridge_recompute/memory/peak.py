@@ -104,12 +104,7 @@ def chunk_memory(sh: Shape, kinds: tuple, mode: RecomputeMode, first: bool, last
     fwd = bwd = 0.0
     full = mode.granularity == "full"
 
-    class _W:  # the few fields chunk_groups reads
-        recompute_granularity = mode.granularity
-        recompute_method = mode.method
-        recompute_num_layers = mode.num_layers
-
-    groups = chunk_groups(_W, len(kinds))
+    groups = chunk_groups(mode.granularity, mode.method, mode.num_layers, len(kinds))
     if full and any(rec for _, _, rec in groups):
         ck = rotary_freqs_bytes(sh)
         saved += ck
@@ -245,8 +240,8 @@ def assumptions(w, sh: Shape, knobs: Knobs) -> list:
 
 def estimate(w, knobs: Knobs = DEFAULT_KNOBS) -> MemoryEstimate:
     sh = shape_of(w, knobs)
-    p, v = w.pipeline_model_parallel_size, w.vpp
     layout = layout_of(w)
+    p, v = len(layout), len(layout[0])      # model chunks per rank: 1 without interleaving
     mode = _mode(w)
     M = w.num_microbatches
     group = _group_size(w)

@@ -11,7 +11,7 @@ keeps full activations for the rest.
 
 from __future__ import annotations
 
-from mbridge_recompute.memory.schedule import chunk_layout
+from mbridge_recompute.placement import place
 
 
 def modules_of(w) -> frozenset:
@@ -22,12 +22,12 @@ def modules_of(w) -> frozenset:
     return frozenset(w.effective_recompute_modules)
 
 
-def chunk_groups(w, n_layers: int) -> list:
-    """Full recompute of one chunk: list of (start, stop, recomputed) layer ranges."""
-    n = w.recompute_num_layers or 0
-    if w.recompute_granularity != "full" or n <= 0:
+def chunk_groups(granularity, method, num_layers, n_layers: int) -> list:
+    """Full recompute of one chunk of `n_layers`: list of (start, stop, recomputed) layer ranges."""
+    n = num_layers or 0
+    if granularity != "full" or n <= 0:
         return [(0, n_layers, False)] if n_layers else []
-    if w.recompute_method == "block":
+    if method == "block":
         k = min(n, n_layers)
         groups = [(i, i + 1, True) for i in range(k)]
         if k < n_layers:
@@ -37,15 +37,20 @@ def chunk_groups(w, n_layers: int) -> list:
     return [(i, min(i + n, n_layers), True) for i in range(0, n_layers, n)]
 
 
-def layout_of(w) -> list:
-    return chunk_layout(w.layer_kinds(), w.pipeline_model_parallel_size, w.vpp,
-                        w.num_layers_in_first_pipeline_stage, w.num_layers_in_last_pipeline_stage)
+def layout_of(w) -> tuple:
+    """[pp_rank][chunk] -> layer kinds; the split must be one Megatron-Core accepts."""
+    pl = place(w)
+    if not pl.ok:
+        raise ValueError("the memory model needs a pipeline split megatron-core accepts; "
+                         f"rejected: {', '.join(p.cid for p in pl.problems)}")
+    return pl.chunks
 
 
 def full_recompute_units(w):
     """(kind, recomputed) for every layer of the model, in chunk order."""
     for rank_chunks in layout_of(w):
         for kinds in rank_chunks:
-            for start, stop, rec in chunk_groups(w, len(kinds)):
+            for start, stop, rec in chunk_groups(w.recompute_granularity, w.recompute_method,
+                                                 w.recompute_num_layers, len(kinds)):
                 for kind in kinds[start:stop]:
                     yield kind, rec

@@ -1,8 +1,4 @@
-"""Which layers sit in which model chunk, and how many micro-batches each chunk holds at once.
-
-Layer placement: PP ranks get equal shares (or `num_layers_in_first/last_pipeline_stage`),
-each rank's share is split over its VPP chunks, and virtual stage j*p + r is rank r's
-chunk j, as `get_num_layers_to_build` lays them out.
+"""How many micro-batches each model chunk holds at once (layer placement: placement.py).
 
 In-flight micro-batches: 1F1B keeps p - rank forwards alive before the first backward
 (warm-up p - rank - 1, then one forward of the steady state). The interleaved schedule
@@ -15,41 +11,6 @@ order; we replay that order and record every distinct in-flight vector.
 from __future__ import annotations
 
 from functools import lru_cache
-
-
-def stage_layer_counts(L: int, p: int, first, last) -> list:
-    counts = [0] * p
-    fixed = {}
-    if p > 1 and first:
-        fixed[0] = int(first)
-    if p > 1 and last:
-        fixed[p - 1] = int(last)
-    rest = L - sum(fixed.values())
-    free = [r for r in range(p) if r not in fixed]
-    for r, n in fixed.items():
-        counts[r] = n
-    if free:
-        base, extra = divmod(max(rest, 0), len(free))
-        for i, r in enumerate(free):
-            counts[r] = base + (1 if i < extra else 0)
-    return counts
-
-
-def chunk_layout(kinds: list, p: int, v: int, first=None, last=None) -> list:
-    """[rank][chunk] -> list of layer kinds, in MCore's virtual-stage order."""
-    counts = stage_layer_counts(len(kinds), p, first, last)
-    per_chunk = []
-    for r in range(p):
-        base, extra = divmod(counts[r], v)
-        per_chunk.append([base + (1 if j < extra else 0) for j in range(v)])
-    layout = [[None] * v for _ in range(p)]
-    i = 0
-    for j in range(v):
-        for r in range(p):
-            n = per_chunk[r][j]
-            layout[r][j] = kinds[i:i + n]
-            i += n
-    return layout
 
 
 def _schedule_table(M: int, v: int, group: int) -> list:

@@ -78,18 +78,3 @@ class MemoryEstimate:
     def as_dict(self) -> dict:
         return {"ranks": [r.as_dict() for r in self.ranks], "hottest_pp_rank": self.hottest.pp_rank,
                 "assumptions": list(self.assumptions), "per_layer": self.per_layer}
-
-
-@dataclass
-class LabelEffect:
-    label: str
-    applicable: bool
-    reason: str
-    saving_bytes: int                # on the hottest rank vs the selective [] control; negative adds memory
-    cost_pct: float                  # replayed forward FLOPs (+comm) as % of step FLOPs
-    per_layer_saving_bytes: dict = field(default_factory=dict)   # layer kind -> bytes per micro-batch
-
-    def as_dict(self) -> dict:
-        return {"label": self.label, "applicable": self.applicable, "reason": self.reason,
-                "saving_bytes": self.saving_bytes, "cost_pct": self.cost_pct,
-                "per_layer_saving_bytes": dict(self.per_layer_saving_bytes)}

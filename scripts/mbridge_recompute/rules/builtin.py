@@ -25,6 +25,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Callable, Optional
 
+from mbridge_recompute.placement import place
 from mbridge_recompute.rules.findings import constraint, finding, report
 
 # Values of `te_version` that mean "Transformer Engine is not installed there".
@@ -79,6 +80,11 @@ class State:
         self.after_override = False
         self.extra = dict(w.extra_model or {})
         self.scopes = _normalise_scopes(w.cuda_graph_scope, w.cuda_graph_impl)
+        self.placement = place(w, version)
+
+    def chunk_sizes(self) -> list[int]:
+        """Distinct layer counts of the model chunks (empty when the split is rejected)."""
+        return self.placement.distinct_chunk_sizes
 
     # recompute fields, before / after the moe_layer_recompute override
     @property
@@ -170,25 +176,6 @@ def _normalise_scopes(scope, impl) -> list[str]:
             if s not in scopes:
                 scopes.append(s)
     return scopes
-
-
-def chunk_layer_counts(w) -> list[int]:
-    """Layers in each model chunk (pipeline stage / virtual stage): what
-    `recompute_num_layers` is measured against (`len(self.layers)`, tb:326 @ core_v0.16.1)."""
-    pp, vpp = w.pipeline_model_parallel_size, w.vpp
-    if pp == 1:
-        stages = [w.num_layers]
-    else:
-        first, last = w.num_layers_in_first_pipeline_stage, w.num_layers_in_last_pipeline_stage
-        rest, middle = w.num_layers, pp
-        if first is not None:
-            rest, middle = rest - first, middle - 1
-        if last is not None:
-            rest, middle = rest - last, middle - 1
-        per_middle = rest // middle if middle > 0 else 0
-        stages = ([first] if first is not None else []) + [per_middle] * max(middle, 0) \
-            + ([last] if last is not None else [])
-    return [max(s // vpp, 0) for s in stages]
 
 
 def _labels_allowed(version: str) -> list[str]:
@@ -397,6 +384,36 @@ def _moe_layer_recompute_deprecated(s: State):
 def _moe_layer_recompute_full(s: State):
     if s.w.moe_layer_recompute and s.w.recompute_granularity == "full":
         return Hit("moe_layer_recompute with full recompute")
+
+
+# The pipeline split: placement.py decides it (the one home of layer placement); these rules
+# report what it rejects. Orders are the lines of tc:1294-1480 @ core_v0.16.1.
+def _placement_rule(cid: str, order: Optional[float] = None, raises: Optional[str] = None):
+    def check(s: State) -> Optional[Hit]:
+        for problem in s.placement.problems:
+            if problem.cid == cid:
+                return Hit(problem.detail)
+        return None
+    RULES.append(Rule(cid, check, order, raises))
+
+
+for _cid, _order in (("uneven-pp-with-pipeline-split-accounting", 1294),
+                     ("uneven-first-stage-not-positive", 1368),
+                     ("uneven-first-stage-not-divisible-by-vpp", 1371),
+                     ("uneven-last-stage-not-positive", 1387),
+                     ("uneven-last-stage-not-divisible-by-vpp", 1390),
+                     ("uneven-middle-mismatch", 1405),
+                     ("uneven-middle-not-divisible", 1412),
+                     ("uneven-middle-not-divisible-by-vpp", 1420),
+                     ("pipeline-split-accounting-not-divisible", 1447),
+                     ("pipeline-split-accounting-not-divisible-with-vpp", 1460),
+                     ("pipeline-split-accounting-not-divisible-by-vpp", 1470)):
+    _placement_rule(_cid, _order, "ValueError")
+for _cid in ("pp-does-not-divide-layers", "vpp-does-not-divide-stage-layers",
+             "pipeline-split-accounting-leaves-no-first-layers",
+             "pipeline-split-accounting-leaves-no-last-layers", "hybrid-no-interleaving",
+             "hybrid-pp-drops-layers"):
+    _placement_rule(_cid)
 
 
 @rule("fine-grained-offloading-with-cpu-offloading", order=1268, raises="AssertionError")
@@ -676,7 +693,7 @@ def _uniform_not_dividing(s: State):
     n = _full(s, "uniform")
     if n is None or n < 1:
         return None
-    chunks = sorted(set(chunk_layer_counts(s.w)))
+    chunks = s.chunk_sizes()
     bad = [c for c in chunks if c % n]
     if bad:
         return Hit(f"uniform recompute_num_layers={n} does not divide the {_fmt(map(str, bad))} layers "
@@ -703,7 +720,7 @@ def _block_covers(s: State):
     n = _full(s, "block")
     if n is None or n < 1:
         return None
-    chunks = sorted(set(chunk_layer_counts(s.w)))
+    chunks = s.chunk_sizes()
     covered = [c for c in chunks if n >= c]
     if covered:
         more = " (larger values change nothing)" if any(n > c for c in covered) else ""
@@ -716,12 +733,13 @@ def _per_chunk(s: State):
     w = s.w
     if w.recompute_granularity != "full" or w.recompute_num_layers is None or w.recompute_num_layers < 1:
         return None
-    uneven = w.num_layers_in_first_pipeline_stage or w.num_layers_in_last_pipeline_stage
-    if w.vpp > 1 or uneven:
-        chunks = sorted(set(chunk_layer_counts(w)))
+    pl = s.placement
+    interleaved = any(len(rank) > 1 for rank in pl.chunks)
+    if interleaved or len(set(pl.stage_layers)) > 1:
+        stages = sorted(set(pl.stage_layers))
         return Hit(f"recompute_num_layers={w.recompute_num_layers} applies to each model chunk of "
-                   f"{_fmt(map(str, chunks))} layers (PP={w.pipeline_model_parallel_size}, VPP={w.vpp}), "
-                   f"not to the {w.num_layers // w.pipeline_model_parallel_size} layers of a pipeline rank")
+                   f"{_fmt(map(str, pl.distinct_chunk_sizes))} layers (PP={w.pipeline_model_parallel_size}, "
+                   f"VPP={w.vpp}), not to the {_fmt(map(str, stages))} layers of a pipeline rank")
 
 
 @rule("mtp-uniform-needs-one")
@@ -786,7 +804,8 @@ def _mlp_on_moe(s: State):
         return None
     moe, dense = s.moe_layers, s.dense_layers
     if dense == 0:
-        return Hit(f"mlp on a model whose {moe} layers are all MoE: nothing is recomputed")
+        return Hit(f"mlp recomputes dense MLP layers only, and this model's {moe} layers are all MoE: "
+                   "nothing is recomputed")
     return Hit(f"mlp applies only to the {dense} dense layers; the {moe} MoE layers ignore it",
                severity="info")
 
@@ -794,10 +813,12 @@ def _mlp_on_moe(s: State):
 @rule("layernorm-on-te-dense-spec")
 def _layernorm_te_dense(s: State):
     w = s.w
-    if s.selective("layernorm") and w.transformer_impl == "transformer_engine" and not w.is_moe \
-            and not w.multi_latent_attention and not w.hybrid_override_pattern:
-        return Hit("layernorm on the Transformer Engine dense spec: both norms are fused into "
-                   "TELayerNormColumnParallelLinear (IdentityOp), nothing is recomputed")
+    moe_layers = any("moe" in k.split("+") for k in w.layer_kinds())
+    if s.selective("layernorm") and w.transformer_impl == "transformer_engine" and not moe_layers \
+            and not w.multi_latent_attention:
+        stack = "hybrid" if w.hybrid_override_pattern else "dense"
+        return Hit(f"layernorm on the Transformer Engine {stack} spec without MoE layers: every norm is "
+                   "fused into TELayerNormColumnParallelLinear (IdentityOp), nothing is recomputed")
 
 
 @rule("moe-labels-on-dense-model")

@@ -1,0 +1,206 @@
+"""Where every decoder layer sits: pipeline stages, model chunks, and the splits Megatron-Core rejects.
+
+The one home of layer placement. The checker (`recompute_num_layers` is counted per model
+chunk), the memory model (what each pipeline rank holds and keeps) and the planner (which
+`uniform:N` / `block:N` candidates exist) all read `place(w)`.
+
+Megatron-Core's arithmetic, followed here:
+- even split: `num_layers` (+1 for an embedding, +1 for a loss stage accounted in the split)
+  over PP ranks, asserted divisible when the model is built (`get_num_layers_to_build`,
+  transformer_block.py:152-167 @ core_v0.16.1);
+- uneven split: `num_layers_in_first/last_pipeline_stage` fixed, the rest spread evenly over
+  the middle stages, validated in `TransformerConfig.__post_init__` (tc:1359-1434);
+- interleaving: each rank's layers are split evenly over its VPP model chunks (asserted
+  divisible, transformer_block.py:170-178), and virtual stage `j*p + r` is rank r's chunk j
+  (transformer_layer.py:39-180, `get_transformer_layer_offset`). Without pipeline parallelism
+  there is one chunk (`get_num_layers_to_build` interleaves only when PP > 1);
+- hybrid (Mamba) stacks slice their layer pattern the same way but with a floor division in
+  the even case, so a remainder is never built, and assert that there is no interleaving
+  (ssm/mamba_block.py:172-219 @ core_v0.16.1).
+
+A split Megatron-Core rejects (or, for hybrid stacks, builds wrong) is not placed:
+`Placement.problems` names each by its card constraint id (message, exception, citation and
+the releases it holds for live in the card) and `chunks` is empty. A problem is raised only
+for a release the card says it holds for.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import lru_cache
+from typing import NamedTuple, Optional
+
+
+class Problem(NamedTuple):
+    """A split Megatron-Core rejects: the card constraint id and what was seen."""
+    cid: str
+    detail: str
+
+
+@dataclass(frozen=True)
+class Placement:
+    """Decoder layers per pipeline rank and model chunk, in Megatron-Core's virtual-stage order."""
+    chunks: tuple          # [pp_rank][chunk] -> tuple of layer kinds ('attn+mlp', 'mamba', ...)
+    problems: tuple        # Problem entries, in the order Megatron-Core checks them
+
+    @property
+    def ok(self) -> bool:
+        return not self.problems
+
+    @property
+    def stage_layers(self) -> list[int]:
+        """Decoder layers held by each pipeline rank (all its chunks)."""
+        return [sum(len(c) for c in rank) for rank in self.chunks]
+
+    @property
+    def chunk_sizes(self) -> list[int]:
+        """Decoder layers of every model chunk, rank by rank: what `recompute_num_layers`
+        is measured against (`len(self.layers)`, transformer_block.py:326 @ core_v0.16.1)."""
+        return [len(c) for rank in self.chunks for c in rank]
+
+    @property
+    def distinct_chunk_sizes(self) -> list[int]:
+        return sorted(set(self.chunk_sizes))
+
+    def rank_kinds(self, rank: int) -> list[str]:
+        return [k for chunk in self.chunks[rank] for k in chunk]
+
+
+def place(w, version: Optional[str] = None) -> Placement:
+    """The placement of workload `w`'s decoder layers (its `layer_kinds()`) on megatron-core
+    `version` (default: the installed one, else the newest the card knows)."""
+    from mbridge_recompute.facts import releases
+
+    v = releases.resolve_version(version) if version else releases.target_version()
+    return _place(v, tuple(w.layer_kinds()), bool(w.hybrid_override_pattern),
+                  w.pipeline_model_parallel_size,
+                  w.virtual_pipeline_model_parallel_size, w.num_layers_in_first_pipeline_stage,
+                  w.num_layers_in_last_pipeline_stage,
+                  bool(w.extra_model.get("account_for_embedding_in_pipeline_split")),
+                  bool(w.extra_model.get("account_for_loss_in_pipeline_split")))
+
+
+def _holds(cid: str, version: str) -> bool:
+    from mbridge_recompute.facts import card
+
+    return version in [str(v) for v in card.constraint(cid)["versions"]]
+
+
+def _uneven_problems(n: int, p: int, v: Optional[int], first, last) -> list[Problem]:
+    """TransformerConfig's uneven-PP checks, in its order (tc:1359-1434 @ core_v0.16.1)."""
+    out = []
+    middle_layers, middle_stages = n, p
+    for which, value in (("first", first), ("last", last)):
+        if value is None:
+            continue
+        if value <= 0:
+            out.append(Problem(f"uneven-{which}-stage-not-positive",
+                               f"num_layers_in_{which}_pipeline_stage={value}"))
+            return out
+        if v is not None and value % v:
+            out.append(Problem(f"uneven-{which}-stage-not-divisible-by-vpp",
+                               f"num_layers_in_{which}_pipeline_stage={value} is not a multiple of "
+                               f"virtual_pipeline_model_parallel_size={v}"))
+            return out
+        middle_layers -= value
+        middle_stages -= 1
+    if bool(middle_layers) != bool(middle_stages):
+        out.append(Problem("uneven-middle-mismatch",
+                           f"{middle_layers} layers left for {middle_stages} middle pipeline stages"))
+    elif middle_stages and middle_layers % middle_stages:
+        out.append(Problem("uneven-middle-not-divisible",
+                           f"{middle_layers} middle layers over {middle_stages} middle stages"))
+    elif middle_stages and v is not None and (middle_layers // middle_stages) % v:
+        out.append(Problem("uneven-middle-not-divisible-by-vpp",
+                           f"{middle_layers // middle_stages} layers per middle stage over VPP {v}"))
+    return out
+
+
+def _accounting_problems(total: int, p: int, v: Optional[int]) -> list[Problem]:
+    """TransformerConfig's checks of a split that counts the embedding / loss as layers
+    (tc:1435-1480 @ core_v0.16.1)."""
+    if total % p:
+        cid = ("pipeline-split-accounting-not-divisible" if v is None
+               else "pipeline-split-accounting-not-divisible-with-vpp")
+        return [Problem(cid, f"{total} layers with the embedding/loss stages counted over "
+                             f"pipeline_model_parallel_size={p}")]
+    if v is not None and (total // p) % v:
+        return [Problem("pipeline-split-accounting-not-divisible-by-vpp",
+                        f"{total // p} layers per pipeline rank (embedding/loss counted) over VPP {v}")]
+    return []
+
+
+@lru_cache(maxsize=512)
+def _place(version: str, kinds: tuple, hybrid: bool, p: int, v: Optional[int], first, last,
+           emb: bool, loss: bool) -> Placement:
+    n = len(kinds)
+    uneven = first is not None or last is not None
+    hybrid = hybrid and _holds("hybrid-pp-drops-layers", version)   # older hybrid stacks split alone
+    problems: list[Problem] = []
+    if hybrid and v is not None and p > 1 and _holds("hybrid-no-interleaving", version):
+        problems.append(Problem("hybrid-no-interleaving",
+                                f"a hybrid (Mamba) stack with virtual_pipeline_model_parallel_size={v}"))
+    elif uneven and (emb or loss):
+        problems.append(Problem("uneven-pp-with-pipeline-split-accounting",
+                                "num_layers_in_first/last_pipeline_stage with "
+                                "account_for_embedding/loss_in_pipeline_split"))
+    elif uneven:
+        problems += _uneven_problems(n, p, v, first, last)
+    elif emb or loss:
+        problems += _accounting_problems(n + emb + loss, p, v)
+    vpp = v if (v and p > 1) else 1
+    if problems:
+        return Placement((), tuple(problems))
+
+    if uneven and p > 1:
+        fixed = {}
+        if first is not None:
+            fixed[0] = first
+        if last is not None:
+            fixed[p - 1] = last
+        rest = n - sum(fixed.values())
+        middle = p - len(fixed)
+        stages = [fixed.get(r, rest // middle if middle else 0) for r in range(p)]
+    elif uneven:
+        # PP 1: MCore still validates the fixed counts (above) but builds the whole stack
+        stages = [n]
+    elif hybrid:
+        if n % p:
+            return Placement((), (Problem("hybrid-pp-drops-layers",
+                                          f"{n} layers over pipeline_model_parallel_size={p}: "
+                                          f"each rank builds {n // p}, the last {n % p} are never "
+                                          "built"),))
+        stages = [n // p] * p
+    else:
+        total = n + emb + loss
+        if total % p:
+            return Placement((), (Problem("pp-does-not-divide-layers",
+                                          f"{total} layers" + (" (embedding/loss stages counted)"
+                                                               if emb or loss else "")
+                                          + f" over pipeline_model_parallel_size={p}"),))
+        stages = [total // p] * p
+    per_chunk = []
+    for r, count in enumerate(stages):
+        if count % vpp:
+            return Placement((), (Problem("vpp-does-not-divide-stage-layers",
+                                          f"pp_rank {r} holds {count} layers, not a multiple of "
+                                          f"virtual_pipeline_model_parallel_size={vpp}"),))
+        sizes = [count // vpp] * vpp
+        if not uneven and emb and r == 0:
+            sizes[0] -= 1
+        if not uneven and loss and r == p - 1:
+            sizes[-1] -= 1
+        per_chunk.append(sizes)
+    if any(s < 0 for sizes in per_chunk for s in sizes):
+        which = "first" if per_chunk[0][0] < 0 else "last"
+        return Placement((), (Problem(f"pipeline-split-accounting-leaves-no-{which}-layers",
+                                      f"the {which} virtual stage holds the "
+                                      f"{'embedding' if which == 'first' else 'loss'} and no layer"),))
+    chunks = [[()] * vpp for _ in range(p)]
+    i = 0
+    for j in range(vpp):
+        for r in range(p):
+            size = per_chunk[r][j]
+            chunks[r][j] = kinds[i:i + size]
+            i += size
+    return Placement(tuple(tuple(rank) for rank in chunks), ())

@@ -1,0 +1,82 @@
+"""Per-label effects: for every recompute label of the release, whether it does anything on
+this workload, what it saves on each pipeline rank against the selective [] control, and
+what it costs.
+
+"The config rejects it" and "it is a silent no-op" come from the checker's findings for the
+single-label setting (one source of applicability); the memory model adds only whether it
+covers the label and what the label discards.
+"""
+
+from __future__ import annotations
+
+from mbridge_recompute.facts import releases
+from mbridge_recompute.memory.effects import what_it_drops
+from mbridge_recompute.memory.shape import shape_of
+from mbridge_recompute.memory.tensors import layer_bytes
+from mbridge_recompute.memory.types import DEFAULT_KNOBS
+from mbridge_recompute.plan.pricing import Pricer
+from mbridge_recompute.plan.report import Candidate, LabelEffect
+from mbridge_recompute.setting import RecomputeSetting
+
+NONE = frozenset()
+
+
+_REJECTED = {"config": "config rejects it", "training-args": "the training arguments reject it",
+             "runtime": "fails at runtime"}
+
+
+def _rejected(f: dict) -> str:
+    return f"{_REJECTED.get(f['kind'], 'rejected')} ({f['id']}): {f['message']}"
+
+
+def _no_op(findings: list):
+    """The first silent no-op the checker reports for this label (warning or error)."""
+    return next((f for f in findings if f["kind"] == "silent-no-op" and f["severity"] != "info"), None)
+
+
+def evaluate_labels(pricer: Pricer, control: Candidate) -> tuple[list, dict]:
+    """(LabelEffect per label of the release, {label: its priced single-label Candidate}).
+
+    Labels the checker rejects on their own are priced too (the report says what they would
+    save); no-ops and labels the memory model does not cover are not.
+    """
+    w = pricer.w
+    sh = shape_of(w, DEFAULT_KNOBS)
+    kinds = list(dict.fromkeys(w.layer_kinds()))
+    effects, singles = [], {}
+    for label in releases.labels_for(pricer.version):
+        setting = RecomputeSetting.selective(label)
+        findings = pricer.findings(setting)
+        zero = (0,) * len(control.rank_peaks)
+        no_op = _no_op(findings)
+        if no_op is not None:
+            effects.append(LabelEffect(label, False, f"silent no-op ({no_op['id']}): {no_op['message']}",
+                                       0, zero, 0.0, {k: 0 for k in kinds}))
+            continue
+        modelled, drops = what_it_drops(w, label)
+        error = next((f for f in findings if f["severity"] == "error"), None)
+        if not modelled:
+            reason = drops if error is None else _rejected(error)
+            effects.append(LabelEffect(label, False, reason, 0, zero, 0.0, {k: 0 for k in kinds}))
+            continue
+        single = pricer.price(setting, findings)
+        singles[label] = single
+        if error is not None:
+            effects.append(LabelEffect(label, False, _rejected(error),
+                                       0, zero, 0.0, {k: 0 for k in kinds}))
+            continue
+        mods = frozenset([label])
+        effects.append(LabelEffect(
+            label, True, drops, control.model_peak_bytes - single.model_peak_bytes,
+            tuple(c - s for c, s in zip(control.rank_peaks, single.rank_peaks)),
+            round(single.cost_pct, 4),
+            {k: layer_bytes(sh, k, NONE) - layer_bytes(sh, k, mods) for k in kinds}))
+    return effects, singles
+
+
+def label_effects(w, version: str | None = None) -> list:
+    """One LabelEffect per recompute label of `version` (default: the installed megatron-core)."""
+    version = releases.resolve_version(version) if version else releases.target_version()
+    pricer = Pricer(w, version)
+    control = pricer.price(RecomputeSetting.selective())
+    return evaluate_labels(pricer, control)[0]

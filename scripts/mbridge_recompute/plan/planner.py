@@ -1,0 +1,145 @@
+"""`plan(w, ...)`: price every candidate recompute setting, mark the frontier, and recommend the
+cheapest one whose predicted peak fits the budget.
+
+Calibration: a measured peak of the `[]` control run anchors the model: every candidate is
+predicted as measured control peak + modelled delta from the control (`budget.settle`).
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+from mbridge_recompute.output import GB
+from mbridge_recompute.placement import place
+from mbridge_recompute.plan.budget import budget_statement, gb_to_bytes, settle
+from mbridge_recompute.plan.labels import evaluate_labels
+from mbridge_recompute.plan.pricing import Pricer
+from mbridge_recompute.plan.report import Calibration, PlanReport
+from mbridge_recompute.plan.search import (full_settings, mark_dominated, order, recommend,
+                                           selective_settings)
+from mbridge_recompute.setting import RecomputeSetting
+
+NEGLIGIBLE_FRACTION = 1e-3    # a label saving under 0.1 % of the control's peak cannot change a fit
+
+
+def workload_summary(w, setting: RecomputeSetting) -> dict:
+    return {"num_layers": w.num_layers, "hidden_size": w.hidden_size,
+            "tp": w.tensor_model_parallel_size, "pp": w.pipeline_model_parallel_size,
+            "vpp": w.vpp, "cp": w.context_parallel_size, "ep": w.expert_model_parallel_size,
+            "dp": w.data_parallel_size, "seq_length": w.seq_length,
+            "micro_batch_size": w.micro_batch_size, "num_microbatches": w.num_microbatches,
+            "gpu_memory_gb": w.gpu_memory_gb, "recompute": setting.describe()}
+
+
+def _refused(w, version: str, budget: int, assumptions: list, top) -> PlanReport:
+    """A pipeline split megatron-core rejects: nothing to price, the findings say why."""
+    from mbridge_recompute.rules import check_workload
+
+    report = check_workload(w, validator="builtin", version=version)
+    errors = [f for f in report["findings"] if f["severity"] == "error"]
+    problems = ", ".join(p.cid for p in place(w, version).problems)
+    return PlanReport(workload=workload_summary(w, RecomputeSetting.from_workload(w)),
+                      budget_bytes=budget, estimate=None, labels=[], candidates=[], current=None,
+                      recommendation=None, fits=False,
+                      diagnosis=(f"megatron-core rejects this pipeline split ({problems}); "
+                                 "fix the layer placement first"),
+                      calibration=None, workload_findings=errors, assumptions=assumptions, top=top)
+
+
+def plan(w, budget_gb: Optional[float] = None, measured_peak_gb: Optional[float] = None,
+         measured_source: str = "--measured-peak-gb", version: Optional[str] = None,
+         top: Optional[int] = None) -> PlanReport:
+    """The whole planning report for workload `w` on megatron-core `version`."""
+    from mbridge_recompute import memory
+    from mbridge_recompute.facts import releases
+
+    version = releases.resolve_version(version) if version else releases.target_version()
+    budget, budget_text = budget_statement(w, budget_gb)
+    measured_bytes = None if measured_peak_gb is None else gb_to_bytes(measured_peak_gb, measured_source)
+    if not place(w, version).ok:
+        return _refused(w, version, budget, [budget_text], top)
+
+    current = memory.estimate(w)
+    pricer = Pricer(w, version)
+    control = pricer.price(RecomputeSetting.selective())
+    effects, singles = evaluate_labels(pricer, control)
+
+    # single labels: keep those that save something on some rank; a label the checker rejects
+    # on its own stays as a (rejected) point but is not combined
+    floor = NEGLIGIBLE_FRACTION * control.model_peak_bytes
+    combinable, notes = [], [f"{e.label}: not applicable ({e.reason})" for e in effects
+                             if e.label not in singles]
+    kept = []
+    for label, single in singles.items():
+        saving = max((c - s for c, s in zip(control.rank_peaks, single.rank_peaks)), default=0)
+        if saving <= floor:
+            notes.append(f"{label}: dropped from the search, modelled saving at most {saving / GB:+.3f} GB "
+                         "on any rank (no-op, negligible or adds memory)")
+            continue
+        kept.append(single)
+        if single.allowed:
+            combinable.append(label)
+        else:
+            notes.append(f"{label}: rejected on its own by {', '.join(single.rejected_by)}; "
+                         "not combined with other labels")
+    priced = {c.setting for c in kept}
+    settings = [RecomputeSetting.off()] + [s for s in selective_settings(combinable)[1:]
+                                           if s not in priced] + full_settings(w, version)
+    cands = [control] + kept + [pricer.price(s) for s in settings]
+
+    current_setting = RecomputeSetting.from_workload(w)
+    current_cand = next((c for c in cands if c.setting == current_setting), None) \
+        or pricer.price(current_setting)
+    calibration = None
+    if measured_bytes is not None:
+        calibration = Calibration(measured_bytes, control.model_peak_bytes, measured_source)
+    settle(cands + [current_cand], budget, calibration)
+    mark_dominated(cands)
+    cands.sort(key=order)
+    rec = recommend(cands)
+    fits = rec is not None and rec.fits
+
+    chunks = place(w, version)
+    assumptions = list(current.assumptions)
+    assumptions.append(budget_text)
+    assumptions.append("peak = the hottest pipeline rank's predicted peak allocated memory; "
+                       "cost = modelled replayed forward work as % of the step, not a measured time")
+    assumptions.append(f"searched {len(cands)} candidates: off, the [] control, selective subsets of "
+                       f"{', '.join(combinable) or 'no label'} (moe not combined with the labels it "
+                       f"contains), full uniform N (0.16.1: dividing every model chunk) for chunks of "
+                       f"{chunks.distinct_chunk_sizes} layers and block 1..{max(chunks.chunk_sizes)}; "
+                       "each checked with the built-in rules")
+    assumptions += [f"label {n}" for n in notes]
+    if pricer.baseline_errors:
+        assumptions.append("the workload has errors under every recompute setting ("
+                           + ", ".join(sorted(pricer.baseline_errors)) + "); candidates are judged on the rest")
+    if calibration:
+        assumptions.append(
+            f"calibrated: the [] control's modelled peak {calibration.control_model_peak_bytes / GB:.2f} GB "
+            f"is anchored to the measured {calibration.measured_peak_bytes / GB:.2f} GB ({measured_source}); "
+            f"each candidate = measured + its modelled delta from the control "
+            f"(offset {calibration.offset_bytes / GB:+.2f} GB)")
+    else:
+        assumptions.append("uncalibrated: pass --measured-peak-gb (or --measured compare.json) with the "
+                           "[] control's measured peak to anchor the predictions")
+
+    return PlanReport(
+        workload=workload_summary(w, current_setting), budget_bytes=budget, estimate=current,
+        labels=effects, candidates=cands, current=current_cand, recommendation=rec, fits=fits,
+        diagnosis=None if fits else diagnose_no_fit(current, rec, budget),
+        calibration=calibration,
+        workload_findings=[f for f in pricer.baseline["findings"] if f["severity"] == "error"],
+        assumptions=assumptions, top=top)
+
+
+def diagnose_no_fit(current, rec, budget: int) -> str:
+    """Why nothing fits: static memory alone, or activations recompute cannot shrink enough."""
+    worst = max(current.ranks, key=lambda r: r.static_bytes)
+    if worst.static_bytes > budget:
+        return (f"static memory alone (weights, gradients, optimizer state, residual) is "
+                f"{worst.static_bytes / GB:.2f} GB on pp_rank {worst.pp_rank}, over the "
+                f"{budget / GB:.2f} GB budget: no recompute setting can fit; shard more (TP, PP, EP, "
+                f"the distributed optimizer over more data-parallel ranks) or use more GPUs")
+    return (f"even the lowest-peak candidate ({rec.name if rec else 'none'}) is predicted over the "
+            f"budget; recompute alone is not enough: shorten the sequence, lower the micro-batch, "
+            f"or shard activations further (TP with SP, CP, PP)")

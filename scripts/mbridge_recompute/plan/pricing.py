@@ -1,0 +1,40 @@
+"""Pricing one recompute setting: its modelled peak per pipeline rank, its replay cost, and
+whether the checker allows it. The plan owns no memory arithmetic and no rules of its own."""
+
+from __future__ import annotations
+
+from mbridge_recompute.plan.report import Candidate
+from mbridge_recompute.setting import RecomputeSetting
+
+
+class Pricer:
+    """Prices settings of one workload against one release, with the [] control's errors as
+    the baseline (a candidate is rejected only by what it adds)."""
+
+    def __init__(self, w, version: str):
+        from mbridge_recompute.rules import check_workload
+
+        self.w = w
+        self.version = version
+        self._check = lambda ws: check_workload(ws, validator="builtin", version=version)
+        self.baseline = self._check(RecomputeSetting.selective().apply(w))
+        self.baseline_errors = frozenset(f["id"] for f in self.baseline["findings"]
+                                         if f["severity"] == "error")
+
+    def findings(self, setting: RecomputeSetting) -> list:
+        """The findings `setting` adds over the [] control."""
+        seen = {f["id"] for f in self.baseline["findings"]}
+        return [f for f in self._check(setting.apply(self.w))["findings"] if f["id"] not in seen]
+
+    def price(self, setting: RecomputeSetting, findings: list | None = None) -> Candidate:
+        from mbridge_recompute import memory
+
+        with_setting = setting.apply(self.w)
+        est = memory.estimate(with_setting)
+        cost = float(memory.replay_cost_pct(with_setting)) if setting.granularity else 0.0
+        if findings is None:
+            findings = self.findings(setting)
+        errors = sorted({f["id"] for f in findings if f["severity"] == "error"})
+        return Candidate(setting=setting, rank_peaks=tuple(int(r.peak_bytes) for r in est.ranks),
+                         rank_terms=tuple(r.peak_term for r in est.ranks), cost_pct=cost,
+                         rejected_by=tuple(errors))

@@ -1,0 +1,189 @@
+"""The plan's result as types: candidates, label effects, calibration, the whole report.
+
+Logic builds these; `commands/plan.py` renders them as text by attribute, and `to_dict()` is
+used only for `--json` (sizes in bytes).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Optional
+
+from mbridge_recompute.setting import RecomputeSetting
+
+CAVEAT = ("The recommendation is a prediction, not a measurement: run it against the matched "
+          "selective [] control (run_harness.py --from-plan plan.json) and keep it only if the "
+          "measured peak fits and the step time is acceptable.")
+
+
+@dataclass
+class Candidate:
+    """One recompute setting, priced: modelled peak per pipeline rank, replay cost, legality."""
+    setting: RecomputeSetting
+    rank_peaks: tuple                 # modelled peak of every PP rank (bytes)
+    rank_terms: tuple                 # the term that sets each rank's peak
+    cost_pct: float                   # modelled replay work as % of the step
+    rejected_by: tuple = ()           # error findings this setting adds over the [] control
+    offset_bytes: int = 0             # calibration: measured - modelled peak of the [] control
+    fits: bool = False
+    dominated_by: Optional[str] = None
+
+    @property
+    def name(self) -> str:
+        """Candidate syntax, as `run_harness.py --candidates` reads it ('[]', 'moe_act', 'block:4')."""
+        return self.setting.candidate()
+
+    @property
+    def allowed(self) -> bool:
+        return not self.rejected_by
+
+    @property
+    def hottest_pp_rank(self) -> int:
+        return max(range(len(self.rank_peaks)), key=lambda r: (self.rank_peaks[r], -r))
+
+    @property
+    def model_peak_bytes(self) -> int:
+        return self.rank_peaks[self.hottest_pp_rank]
+
+    @property
+    def peak_bytes(self) -> int:
+        """The hottest rank's peak, calibrated when a measurement was given."""
+        return self.model_peak_bytes + self.offset_bytes
+
+    @property
+    def peak_term(self) -> str:
+        return self.rank_terms[self.hottest_pp_rank]
+
+    def rank_peak(self, rank: int) -> int:
+        return self.rank_peaks[rank] + self.offset_bytes
+
+    def to_dict(self) -> dict:
+        d = {"name": self.name, "describe": self.setting.describe()}
+        d.update(self.setting.as_fields())
+        d.update({"peak_bytes": int(self.peak_bytes), "model_peak_bytes": int(self.model_peak_bytes),
+                  "hottest_pp_rank": self.hottest_pp_rank, "peak_term": self.peak_term,
+                  "rank_peak_bytes": [int(self.rank_peak(r)) for r in range(len(self.rank_peaks))],
+                  "cost_pct": round(self.cost_pct, 3), "fits": self.fits, "allowed": self.allowed,
+                  "rejected_by": list(self.rejected_by), "dominated": self.dominated_by is not None,
+                  "dominated_by": self.dominated_by})
+        return d
+
+
+@dataclass
+class LabelEffect:
+    """One recompute label on this workload: does it do anything, and what it saves and costs."""
+    label: str
+    applicable: bool
+    reason: str                       # why (not) -- from the rules when the config or runtime says so
+    saving_bytes: int                 # on the [] control's hottest rank; negative adds memory
+    rank_saving_bytes: tuple          # per PP rank: the [] control's peak minus the label's
+    cost_pct: float
+    per_layer_saving_bytes: dict = field(default_factory=dict)   # layer kind -> bytes per micro-batch
+
+    def to_dict(self) -> dict:
+        return {"label": self.label, "applicable": self.applicable, "reason": self.reason,
+                "saving_bytes": self.saving_bytes, "rank_saving_bytes": list(self.rank_saving_bytes),
+                "cost_pct": self.cost_pct, "per_layer_saving_bytes": dict(self.per_layer_saving_bytes)}
+
+
+@dataclass
+class Calibration:
+    """A measured peak of the [] control anchors every prediction."""
+    measured_peak_bytes: int
+    control_model_peak_bytes: int
+    source: str
+
+    @property
+    def offset_bytes(self) -> int:
+        return self.measured_peak_bytes - self.control_model_peak_bytes
+
+    def to_dict(self) -> dict:
+        return {"measured_peak_bytes": self.measured_peak_bytes,
+                "control_model_peak_bytes": self.control_model_peak_bytes,
+                "offset_bytes": self.offset_bytes, "source": self.source}
+
+
+def nearest(points: list, anchor: Optional[Candidate], n: int) -> list:
+    """The n points closest in replay cost to `anchor` (the anchor itself first when present)."""
+    if anchor is None:
+        return points[:n]
+    return sorted(points, key=lambda c: (c.name != anchor.name, abs(c.cost_pct - anchor.cost_pct)))[:n]
+
+
+@dataclass
+class PlanReport:
+    workload: dict                    # the summary line's facts (layers, parallelism, batch, ...)
+    budget_bytes: int
+    estimate: object                  # memory.MemoryEstimate of the current setting (None if refused)
+    labels: list                      # LabelEffect per label of the release
+    candidates: list                  # Candidate, cheapest first
+    current: Optional[Candidate]
+    recommendation: Optional[Candidate]
+    fits: bool
+    diagnosis: Optional[str]
+    calibration: Optional[Calibration]
+    workload_findings: list           # error findings under every setting (fix the workload first)
+    assumptions: list
+    top: Optional[int] = None         # --top: frontier points shown and sweep neighbours
+    extra: dict = field(default_factory=dict)   # set by the command: model_source, plot
+
+    NEIGHBOURS = 2                    # sweep neighbours of the recommendation without --top
+
+    @property
+    def frontier(self) -> list:
+        """Allowed, undominated candidates, cheapest first."""
+        return [c for c in self.candidates if c.allowed and c.dominated_by is None]
+
+    @property
+    def shown_frontier(self) -> list:
+        """What the report shows: every frontier point, or the `top` nearest the recommendation."""
+        front = self.frontier
+        if self.top is None:
+            return front
+        near = nearest(front, self.recommendation, self.top)
+        return sorted(near, key=lambda c: (c.cost_pct, c.peak_bytes))
+
+    @property
+    def harness_candidates(self) -> list:
+        """The matched sweep: the [] control, the recommendation and its nearest fitting frontier
+        points (`top` of them, default 2)."""
+        rec = self.recommendation
+        out = ["[]"]
+        if rec is None or rec.name in ("[]", "none"):
+            return out                   # nothing to recompute: the control alone confirms the fit
+        out.append(rec.name)
+        fitting = [c for c in self.frontier if c.fits and c.setting.granularity is not None
+                   and c.name not in out]
+        return out + [c.name for c in nearest(fitting, rec, self.top or self.NEIGHBOURS)]
+
+    @property
+    def hottest_pp_rank(self) -> Optional[int]:
+        return self.estimate.hottest.pp_rank if self.estimate is not None else None
+
+    def to_dict(self) -> dict:
+        rec = None
+        if self.recommendation is not None:
+            from mbridge_recompute.write.snippets import render_all
+
+            rec = self.recommendation.to_dict()
+            rec.update({"fits": self.fits, "budget_bytes": self.budget_bytes,
+                        "snippets": render_all(self.recommendation.setting), "caveat": CAVEAT})
+        out = {
+            "workload": dict(self.workload),
+            "budget_bytes": self.budget_bytes,
+            "ranks": [r.as_dict() for r in self.estimate.ranks] if self.estimate is not None else [],
+            "hottest_pp_rank": self.hottest_pp_rank,
+            "labels": [e.to_dict() for e in self.labels],
+            "current": self.current.to_dict() if self.current is not None else None,
+            "frontier": [c.to_dict() for c in self.shown_frontier],
+            "candidates": [c.to_dict() for c in self.candidates],
+            "recommendation": rec,
+            "fits": self.fits,
+            "diagnosis": self.diagnosis,
+            "harness_candidates": self.harness_candidates,
+            "calibration": self.calibration.to_dict() if self.calibration else None,
+            "workload_findings": list(self.workload_findings),
+            "assumptions": list(self.assumptions),
+        }
+        out.update(self.extra)
+        return out
