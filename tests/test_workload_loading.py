@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import typing
 
 import pytest
 
@@ -130,3 +131,37 @@ def test_te_version_must_stay_text():
         load_workload(default=True, sets=["cluster.te_version=2.10"])
     assert info.value.field == "cluster.te_version" and "2.1" in info.value.reason
     assert load_workload(default=True, sets=["cluster.te_version=2.10.0"]).te_version == "2.10.0"
+
+
+def test_coercion_follows_the_declared_type_whatever_its_spelling():
+    """`Optional[int]` and `int | None` read the same: null is allowed, text is not (the loader
+    dispatches on the type, not on its annotation's text)."""
+    from mbridge_recompute.inputs import loading
+
+    for hint in (typing.Optional[int], int | None):
+        optional, base = loading._optional(hint)
+        assert optional and base is int
+        assert loading._coerce_type(base, 8, "model.num_query_groups", {"bound": "positive"}) == 8
+        with pytest.raises(InputError, match="must be an integer"):
+            loading._coerce_type(base, "abc", "model.num_query_groups", {})
+    w = load_workload(sets=["model.num_query_groups=null"])
+    assert w.num_query_groups is None
+    with pytest.raises(InputError, match="must be an integer"):
+        load_workload(sets=["model.num_query_groups=abc"])
+
+
+def test_every_workload_field_declares_its_section_origin_and_a_docstring():
+    import ast
+    import dataclasses
+    from pathlib import Path
+
+    from mbridge_recompute import workload as wmod
+
+    for f in dataclasses.fields(Workload):
+        assert f.metadata.get("section") is not None and f.metadata.get("origin"), f.name
+    tree = ast.parse(Path(wmod.__file__).read_text())
+    cls = next(n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == "Workload")
+    undocumented = [n.target.id for i, n in enumerate(cls.body) if isinstance(n, ast.AnnAssign)
+                    and not (i + 1 < len(cls.body) and isinstance(cls.body[i + 1], ast.Expr)
+                             and isinstance(cls.body[i + 1].value, ast.Constant))]
+    assert undocumented == []

@@ -1,144 +1,258 @@
 """The one `Workload` type every tool reasons about.
 
-Field names are Megatron-Core `TransformerConfig` / Megatron Bridge names, so a
-Bridge config dump loads as-is and findings speak the user's vocabulary.
-Defaults are megatron-core 0.16.1's `TransformerConfig` defaults (attention and
-hidden dropout 0.1, `cuda_graph_impl="none"`, `fp8_recipe="delayed"`, ...):
-the live validator must see exactly what megatron-core would see.
+Field names are Megatron-Core `TransformerConfig` / Megatron Bridge names, so a Bridge config
+dump loads as-is and findings speak the user's vocabulary. Defaults are megatron-core 0.16.1's
+`TransformerConfig` defaults (attention and hidden dropout 0.1, `cuda_graph_impl="none"`,
+`fp8_recipe="delayed"`, ...): the live validator must see exactly what megatron-core would see.
 
-`loading.py` builds a Workload from files and overrides and validates it once;
-everything after that trusts it.
+Each field declares what the loader needs to read it, in its annotation and metadata:
+- the type: `bool`, `int`, `float`, `str`, `Literal[...]` (a fixed set of names, the same in
+  every release), `Optional[...]` (null allowed), `list[str]` / `list[int]`;
+- `origin`: the upstream config that owns it (the live validator passes TransformerConfig's);
+- `section`: where a workload file holds it (`model` unless said: `train`, `ddp`, `optimizer`,
+  `comm_overlap`, or `cluster`, ours, for what a Bridge config does not hold);
+- `bound`: `"positive"` (> 0) or `"count"` (>= 0), and `limit` for counts the model walks one
+  by one (layers);
+- `kind`: `"dtype"` (an optimizer-state dtype, normalised to fp32/bf16/fp16/fp8), `"function"`
+  (an activation function, its last dotted name), `"labels"` (a list of module names, never
+  a string), `"version"` (text, never a YAML number), `"enum"` (a Python enum's member name,
+  'AttnBackend.flash' read as flash), `"layer-mask"` (a list holds 0/1 per layer),
+  `"release-name"` (names whose valid set the card keeps per release).
+Names whose valid set depends on the megatron-core release (labels, offload modules, CUDA-graph
+implementations and scopes) are checked against the card, not here.
+
+`inputs/loading.py` builds a Workload from files and overrides and validates it once; everything
+after that trusts it.
 """
 
 from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
-from typing import Optional, Union
+from typing import Literal, Optional, Union
 
-# Sections of a workload file that hold Workload fields, and ours for what a
-# Bridge config does not hold. The value maps section key -> Workload field.
-TRAIN_KEYS = {"micro_batch_size": "micro_batch_size", "global_batch_size": "global_batch_size"}
-DDP_KEYS = {"use_distributed_optimizer": "use_distributed_optimizer",
-            "grad_reduce_in_fp32": "grad_reduce_in_fp32"}
-# Bridge/MCore OptimizerConfig fields that change optimizer-state bytes
-# (optimizer/optimizer_config.py:187-206 @ core_v0.16.1); dtypes are normalised names
-# (fp32, bf16, fp16, fp8) by loading.py.
-OPTIMIZER_KEYS = {"use_precision_aware_optimizer": "use_precision_aware_optimizer",
-                  "main_params_dtype": "main_params_dtype", "main_grads_dtype": "main_grads_dtype",
-                  "exp_avg_dtype": "exp_avg_dtype", "exp_avg_sq_dtype": "exp_avg_sq_dtype",
-                  "store_param_remainders": "store_param_remainders"}
-COMM_OVERLAP_KEYS = {"overlap_moe_expert_parallel_comm": "overlap_moe_expert_parallel_comm",
-                     "delay_wgrad_compute": "delay_wgrad_compute"}
-CLUSTER_KEYS = {"num_gpus": "num_gpus", "gpu_memory_gb": "gpu_memory_gb",
-                "te_version": "te_version"}
+
+# Which upstream config owns a field (`origin`).
+TRANSFORMER_CONFIG = "TransformerConfig"
+PROVIDER = "Bridge model provider"
+TRAINING = "Bridge TrainingConfig"
+DDP = "DistributedDataParallelConfig"
+OPTIMIZER = "OptimizerConfig"
+COMM_OVERLAP = "Bridge CommOverlapConfig -> TransformerConfig"
+OURS = "ours"
+
+
+def _f(default, section: str = "model", origin: str | None = None, **meta):
+    """A Workload field: its default and what the loader checks (see the module docstring)."""
+    meta["section"] = section
+    meta["origin"] = origin or (COMM_OVERLAP if section == "comm_overlap" else TRANSFORMER_CONFIG)
+    if isinstance(default, (list, dict)):
+        return field(default_factory=lambda: type(default)(default), metadata=meta)
+    return field(default=default, metadata=meta)
+
+
+POSITIVE = "positive"
+COUNT = "count"
 
 
 @dataclass
 class Workload:
-    # --- architecture ---------------------------------------------------
-    num_layers: int = 2
-    hidden_size: int = 1024
-    num_attention_heads: int = 16
-    num_query_groups: Optional[int] = None          # None -> num_attention_heads (MHA)
-    kv_channels: Optional[int] = None               # None -> hidden_size // num_attention_heads
-    ffn_hidden_size: Optional[int] = None           # None -> 4 * hidden_size
-    gated_linear_unit: bool = False
-    activation_func: str = "gelu"                   # last dotted name: gelu, silu, squared_relu, ...
-    normalization: str = "LayerNorm"
-    qk_layernorm: bool = False
-    add_bias_linear: bool = True
-    seq_length: int = 4096
-    vocab_size: Optional[int] = None
-    share_embeddings_and_output_weights: bool = True
-    position_embedding_type: str = "rope"
-    mtp_num_layers: Optional[int] = None
-    # MoE
-    num_moe_experts: Optional[int] = None
-    moe_router_topk: int = 2
-    moe_ffn_hidden_size: Optional[int] = None
-    moe_shared_expert_intermediate_size: Optional[int] = None
-    moe_shared_expert_overlap: bool = False
-    moe_grouped_gemm: bool = False
-    moe_token_dispatcher_type: str = "allgather"
-    moe_layer_freq: Union[int, list] = 1            # int k: every k-th layer is MoE; list: 1 = MoE
-    moe_expert_capacity_factor: Optional[float] = None
-    moe_input_jitter_eps: Optional[float] = None
-    moe_router_dtype: Optional[str] = None
-    moe_layer_recompute: bool = False
-    # MLA
-    multi_latent_attention: bool = False
-    q_lora_rank: Optional[int] = None
-    kv_lora_rank: int = 512
-    qk_head_dim: int = 128
-    qk_pos_emb_head_dim: int = 64
-    v_head_dim: int = 128
-    # hybrid models: Bridge's pattern string (M = Mamba, * = attention, - = MLP, E = MoE)
-    hybrid_override_pattern: Optional[str] = None
-    experimental_attention_variant: Optional[str] = None
-    # --- implementation / backends -------------------------------------
-    transformer_impl: str = "transformer_engine"
-    attention_backend: str = "auto"
-    attention_dropout: float = 0.1
-    hidden_dropout: float = 0.1
-    masked_softmax_fusion: bool = False
-    attention_softmax_in_fp32: bool = True
-    fused_single_qkv_rope: bool = False
-    # --- parallelism -----------------------------------------------------
-    tensor_model_parallel_size: int = 1
-    pipeline_model_parallel_size: int = 1
-    virtual_pipeline_model_parallel_size: Optional[int] = None
-    context_parallel_size: int = 1
-    expert_model_parallel_size: int = 1
-    expert_tensor_parallel_size: Optional[int] = None   # None -> TP (MCore's default)
-    sequence_parallel: bool = False
-    num_layers_in_first_pipeline_stage: Optional[int] = None
-    num_layers_in_last_pipeline_stage: Optional[int] = None
-    # --- precision -----------------------------------------------------
-    bf16: bool = False
-    fp16: bool = False
-    fp8: Optional[str] = None                       # e4m3 / hybrid
-    fp8_recipe: str = "delayed"                     # delayed / tensorwise / mxfp8 / blockwise / custom
-    fp8_param: bool = False
-    fp4: Optional[str] = None
-    activation_func_fp8_input_store: bool = False
-    # --- CUDA graphs ---------------------------------------------------
-    cuda_graph_impl: str = "none"                   # none / local / transformer_engine
-    cuda_graph_scope: Union[str, list] = "full"     # "full" == whole layer; list of scopes
-    # --- offloading ----------------------------------------------------
-    cpu_offloading: bool = False
-    cpu_offloading_num_layers: int = 0
-    fine_grained_activation_offloading: bool = False
-    offload_modules: Optional[list] = None
-    # --- MoE communication overlap (Bridge: comm_overlap section) -------
-    overlap_moe_expert_parallel_comm: bool = False
-    delay_wgrad_compute: bool = False
-    # --- recompute -----------------------------------------------------
-    recompute_granularity: Optional[str] = None
-    recompute_method: Optional[str] = None
-    recompute_num_layers: Optional[int] = None
-    recompute_modules: Optional[list] = None        # None -> ["core_attn"] (MCore default)
-    distribute_saved_activations: bool = False
-    # --- batch, optimizer, cluster (train / ddp / cluster sections) ----
-    micro_batch_size: int = 1
-    global_batch_size: Optional[int] = None
-    use_distributed_optimizer: bool = True
-    grad_reduce_in_fp32: bool = True
-    # optimizer section (MCore OptimizerConfig defaults: fp32 Adam state, remainders on)
-    use_precision_aware_optimizer: bool = False
-    main_params_dtype: str = "fp32"
-    main_grads_dtype: str = "fp32"
-    exp_avg_dtype: str = "fp32"
-    exp_avg_sq_dtype: str = "fp32"
-    store_param_remainders: bool = True
-    num_gpus: Optional[int] = None                  # None -> one data-parallel replica
-    gpu_memory_gb: float = 80.0                     # per GPU, decimal GB as nvidia-smi and Bridge print
-    te_version: Optional[str] = None                # Transformer Engine on the training nodes, if known
-    # model-section keys that are real MCore/Bridge fields but not modelled here;
-    # passed to the live validator unchanged.
-    extra_model: dict = field(default_factory=dict)
+    """A training job as megatron-core sees it: architecture, parallelism, precision, recompute,
+    batch, optimizer state and the machine. One docstring per field; `origin` says which
+    upstream config owns it (TransformerConfig / ModelParallelConfig, a Bridge model provider,
+    OptimizerConfig, DistributedDataParallelConfig, Bridge's CommOverlapConfig and
+    TrainingConfig) or that it is ours."""
 
-    # --- derived quantities (never stored, so they cannot disagree) ----
+    # --- architecture ---------------------------------------------------------------------
+    num_layers: int = _f(2, bound=POSITIVE, limit=10_000)
+    """Decoder layers (a hybrid stack: the length of hybrid_override_pattern)."""
+    hidden_size: int = _f(1024, bound=POSITIVE)
+    """Width of the residual stream."""
+    num_attention_heads: int = _f(16, bound=POSITIVE)
+    """Query heads."""
+    num_query_groups: Optional[int] = _f(None, bound=POSITIVE)
+    """KV heads for GQA; None means MHA (one group per head)."""
+    kv_channels: Optional[int] = _f(None, bound=POSITIVE)
+    """Head dimension; None means hidden_size // num_attention_heads."""
+    ffn_hidden_size: Optional[int] = _f(None, bound=POSITIVE)
+    """Dense MLP width; None means 4 * hidden_size."""
+    gated_linear_unit: bool = _f(False)
+    """A GLU MLP (fc1 is 2 x ffn wide); with silu this is SwiGLU."""
+    activation_func: str = _f("gelu", kind="function")
+    """Last dotted name of the function: gelu, silu, squared_relu, ... (a Bridge dump's _target_ too)."""
+    normalization: Literal["LayerNorm", "RMSNorm"] = _f("LayerNorm")
+    """LayerNorm keeps mean and rstd, RMSNorm only rstd."""
+    qk_layernorm: bool = _f(False)
+    """Norms on query and key heads (Qwen3, OLMo 2)."""
+    add_bias_linear: bool = _f(True)
+    """Biases on every linear layer."""
+    seq_length: int = _f(4096, bound=POSITIVE, origin=PROVIDER)
+    """Tokens per sample (the dataset's sequence length must match)."""
+    vocab_size: Optional[int] = _f(None, bound=POSITIVE, origin=PROVIDER)
+    """Unpadded vocabulary; None leaves out the embedding, output layer and logits."""
+    share_embeddings_and_output_weights: bool = _f(True, origin=PROVIDER)
+    """The output layer reuses the input embedding (one copy when PP = 1)."""
+    position_embedding_type: str = _f("rope", origin=PROVIDER)
+    """rope, yarn, mrope (fresh q/k from a RoPE kernel), learned_absolute or none."""
+    mtp_num_layers: Optional[int] = _f(None, bound=POSITIVE)
+    """Multi-token-prediction depth."""
+    # MoE
+    num_moe_experts: Optional[int] = _f(None, bound=POSITIVE)
+    """Routed experts per MoE layer; None is a dense model."""
+    moe_router_topk: int = _f(2, bound=POSITIVE)
+    """Experts each token is routed to."""
+    moe_ffn_hidden_size: Optional[int] = _f(None, bound=POSITIVE)
+    """Routed-expert width; None means ffn_hidden_size."""
+    moe_shared_expert_intermediate_size: Optional[int] = _f(None, bound=POSITIVE)
+    """Shared-expert width; None means no shared experts."""
+    moe_shared_expert_overlap: bool = _f(False)
+    """Overlap the shared experts with the token dispatch."""
+    moe_grouped_gemm: bool = _f(False)
+    """Grouped-GEMM experts (TEGroupedMLP); moe_act recompute needs them."""
+    moe_token_dispatcher_type: Literal["allgather", "alltoall", "flex"] = _f("allgather")
+    """How tokens reach their experts."""
+    moe_layer_freq: Union[int, list[int]] = _f(1, bound=POSITIVE, kind="layer-mask")
+    """int k: every k-th layer is MoE; a list: 1 = MoE, one entry per layer."""
+    moe_expert_capacity_factor: Optional[float] = _f(None)
+    """Token-drop capacity per expert; None is dropless."""
+    moe_input_jitter_eps: Optional[float] = _f(None)
+    """Router input jitter (not allowed inside a CUDA graph)."""
+    moe_router_dtype: Optional[str] = _f(None)
+    """Router GEMM dtype (fp32 / fp64); None is the activation dtype."""
+    moe_layer_recompute: bool = _f(False)
+    """Deprecated: becomes selective recompute with 'moe' appended (tc:1264-1266 @ core_v0.16.1)."""
+    # MLA
+    multi_latent_attention: bool = _f(False)
+    """Multi-latent attention (DeepSeek-V2/V3, Moonlight); builds MLATransformerConfig."""
+    q_lora_rank: Optional[int] = _f(None, bound=POSITIVE)
+    """MLA query down-projection rank; None projects queries directly."""
+    kv_lora_rank: int = _f(512, bound=POSITIVE)
+    """MLA key/value latent rank."""
+    qk_head_dim: int = _f(128, bound=POSITIVE)
+    """MLA query/key head dimension without the RoPE part."""
+    qk_pos_emb_head_dim: int = _f(64, bound=POSITIVE)
+    """MLA RoPE head dimension."""
+    v_head_dim: int = _f(128, bound=POSITIVE)
+    """MLA value head dimension."""
+    # hybrid models
+    hybrid_override_pattern: Optional[str] = _f(None, origin=PROVIDER)
+    """Bridge's layer pattern: M = Mamba, * = attention, - = MLP, E = MoE, G = GatedDeltaNet."""
+    experimental_attention_variant: Optional[str] = _f(None)
+    """Linear-attention variants (gdn, gdn2 on main; gated_delta_net on 0.19)."""
+    # --- implementation / backends ----------------------------------------------------------
+    transformer_impl: Literal["transformer_engine", "local", "inference_optimized"] = _f("transformer_engine")
+    """Layer spec family: Transformer Engine modules or megatron-core's local ones."""
+    attention_backend: Literal["auto", "flash", "fused", "unfused", "local"] = _f(
+        "auto", kind="enum", origin=PROVIDER)
+    """megatron-core's AttnBackend; a dump's 'AttnBackend.flash' reads as flash."""
+    attention_dropout: float = _f(0.1, bound="fraction")
+    """Dropout on attention probabilities (keeps a mask per score when > 0)."""
+    hidden_dropout: float = _f(0.1, bound="fraction")
+    """Dropout after attention and MLP (keeps a mask per hidden element when > 0)."""
+    masked_softmax_fusion: bool = _f(False)
+    """Local spec: the fused scale-mask-softmax kernel, where it is eligible."""
+    attention_softmax_in_fp32: bool = _f(True)
+    """Local spec: the softmax runs (and is kept) in fp32."""
+    fused_single_qkv_rope: bool = _f(False)
+    """TE: one kernel applies RoPE to the fused QKV buffer."""
+    # --- parallelism ------------------------------------------------------------------------
+    tensor_model_parallel_size: int = _f(1, bound=POSITIVE)
+    """TP."""
+    pipeline_model_parallel_size: int = _f(1, bound=POSITIVE)
+    """PP."""
+    virtual_pipeline_model_parallel_size: Optional[int] = _f(None, bound=POSITIVE)
+    """Model chunks per pipeline rank (the interleaved schedule); None is one."""
+    context_parallel_size: int = _f(1, bound=POSITIVE)
+    """CP: the sequence is split over this many ranks."""
+    expert_model_parallel_size: int = _f(1, bound=POSITIVE)
+    """EP."""
+    expert_tensor_parallel_size: Optional[int] = _f(None, bound=POSITIVE)
+    """ETP; None means tensor_model_parallel_size (megatron-core's default)."""
+    sequence_parallel: bool = _f(False)
+    """SP: residual-stream activations are split over the TP ranks."""
+    num_layers_in_first_pipeline_stage: Optional[int] = _f(None)
+    """Uneven pipelines: megatron-core itself rejects values <= 0 (a checker finding)."""
+    num_layers_in_last_pipeline_stage: Optional[int] = _f(None)
+    """Uneven pipelines: layers of the last stage."""
+    # --- precision --------------------------------------------------------------------------
+    bf16: bool = _f(False)
+    """bf16 weights and activations (with neither bf16 nor fp16, TransformerConfig trains in fp32)."""
+    fp16: bool = _f(False)
+    """fp16 weights and activations."""
+    fp8: Optional[Literal["e4m3", "hybrid"]] = _f(None)
+    """FP8 format of the linear layers; None is no FP8."""
+    fp8_recipe: Literal["delayed", "tensorwise", "mxfp8", "blockwise", "custom"] = _f("delayed")
+    """FP8 scaling recipe."""
+    fp8_param: bool = _f(False)
+    """Keep the parameters themselves in FP8."""
+    fp4: Optional[Literal["e2m1"]] = _f(None)
+    """FP4 format of the linear layers (megatron-core knows e2m1; the recipe is fp4_recipe); None is no FP4."""
+    activation_func_fp8_input_store: bool = _f(False)
+    """SwiGLU keeps its input in FP8."""
+    # --- CUDA graphs ------------------------------------------------------------------------
+    cuda_graph_impl: str = _f("none", kind="release-name")
+    """none, local, transformer_engine (main also full_iteration): checked per release."""
+    cuda_graph_scope: Union[str, list[str]] = _f("full", kind="release-name")
+    """'full' (deprecated spelling of the whole layer) or a list of CudaGraphScope names."""
+    # --- offloading -------------------------------------------------------------------------
+    cpu_offloading: bool = _f(False)
+    """Legacy CPU offloading of whole layers (no recompute, no PP)."""
+    cpu_offloading_num_layers: int = _f(0)
+    """Layers offloaded by cpu_offloading."""
+    fine_grained_activation_offloading: bool = _f(False)
+    """Offload the activations of the modules in offload_modules."""
+    offload_modules: Optional[list[str]] = _f(None, kind="labels")
+    """Modules whose activations fine-grained offloading moves to the host."""
+    # --- MoE communication overlap (Bridge: comm_overlap section) ----------------------------
+    overlap_moe_expert_parallel_comm: bool = _f(False, section="comm_overlap")
+    """EP all-to-all overlapped with compute (the fine-grained 1F1B schedule)."""
+    delay_wgrad_compute: bool = _f(False, section="comm_overlap")
+    """Delay the weight-gradient GEMMs (needs EP overlap)."""
+    # --- recompute --------------------------------------------------------------------------
+    recompute_granularity: Optional[str] = _f(None)
+    """selective, full or None (checked by the loader: megatron-core's own message has a typo)."""
+    recompute_method: Optional[str] = _f(None)
+    """uniform, block or None (full recompute)."""
+    recompute_num_layers: Optional[int] = _f(None)
+    """Full recompute: layers per model chunk (checked by the checker: values < 1 are findings)."""
+    recompute_modules: Optional[list[str]] = _f(None, kind="labels")
+    """Selective labels; None becomes ["core_attn"] (tc:1193-1194 @ core_v0.16.1)."""
+    distribute_saved_activations: bool = _f(False)
+    """Full recompute: split each checkpointed input over the TP ranks (no SP)."""
+    # --- batch (train section) --------------------------------------------------------------
+    micro_batch_size: int = _f(1, section="train", bound=POSITIVE, origin=TRAINING)
+    """Samples per micro-batch."""
+    global_batch_size: Optional[int] = _f(None, section="train", bound=POSITIVE, origin=TRAINING)
+    """None means one micro-batch per data-parallel rank and step."""
+    # --- gradients and optimizer state (ddp, optimizer sections) ------------------------------
+    use_distributed_optimizer: bool = _f(True, section="ddp", origin=DDP)
+    """Shard the optimizer state over the data-parallel ranks."""
+    grad_reduce_in_fp32: bool = _f(True, section="ddp", origin=DDP)
+    """fp32 main-gradient buffers."""
+    use_precision_aware_optimizer: bool = _f(False, section="optimizer", origin=OPTIMIZER)
+    """TE FusedAdam holds the state (optimizer/optimizer_config.py:187-206 @ core_v0.16.1)."""
+    main_params_dtype: str = _f("fp32", section="optimizer", kind="dtype", origin=OPTIMIZER)
+    """Master-weight dtype (precision-aware optimizer)."""
+    main_grads_dtype: str = _f("fp32", section="optimizer", kind="dtype", origin=OPTIMIZER)
+    """Main-gradient dtype (precision-aware optimizer)."""
+    exp_avg_dtype: str = _f("fp32", section="optimizer", kind="dtype", origin=OPTIMIZER)
+    """Adam first-moment dtype (precision-aware optimizer)."""
+    exp_avg_sq_dtype: str = _f("fp32", section="optimizer", kind="dtype", origin=OPTIMIZER)
+    """Adam second-moment dtype (precision-aware optimizer)."""
+    store_param_remainders: bool = _f(True, section="optimizer", origin=OPTIMIZER)
+    """Keep fp32 master weights as the 16-bit remainders of bf16 parameters."""
+    # --- the machine (cluster section, ours) ------------------------------------------------
+    num_gpus: Optional[int] = _f(None, section="cluster", bound=POSITIVE, origin=OURS)
+    """World size; None means one data-parallel replica."""
+    gpu_memory_gb: float = _f(80.0, section="cluster", bound=POSITIVE, origin=OURS)
+    """Per GPU, decimal GB as nvidia-smi and Bridge print."""
+    te_version: Optional[str] = _f(None, section="cluster", kind="version", origin=OURS)
+    """Transformer Engine on the training nodes, if known (decides the TE-gated rules)."""
+    extra_model: dict = _f({}, section="", origin=OURS)
+    """Model-section keys that are real MCore/Bridge fields but not Workload fields; passed to the
+    live validator unchanged, and read by the memory model where noted (memory/shape.py)."""
+
+    # --- derived quantities (never stored, so they cannot disagree) ------------------------
     @property
     def heads_kv(self) -> int:
         return self.num_query_groups or self.num_attention_heads
@@ -189,7 +303,7 @@ class Workload:
         return list(self.recompute_modules) if self.recompute_modules is not None else ["core_attn"]
 
     def layer_kinds(self) -> list[str]:
-        """One entry per decoder layer: 'attn+mlp', 'attn+moe', 'mamba', 'mlp', 'moe', 'attn'.
+        """One entry per decoder layer: 'attn+mlp', 'attn+moe', 'mamba', 'mlp', 'moe', 'attn', 'gdn'.
 
         Hybrid models follow `hybrid_override_pattern`; GPT models follow
         `moe_layer_freq` (int k: layer i is MoE when i % k == 0; list: 1 = MoE),
@@ -209,15 +323,8 @@ class Workload:
 
     def model_fields(self) -> dict:
         """The MCore TransformerConfig kwargs this workload stands for (for the live validator)."""
-        non_model = set(TRAIN_KEYS.values()) | set(DDP_KEYS.values()) | set(CLUSTER_KEYS.values())
-        non_model |= set(OPTIMIZER_KEYS.values())
-        non_model |= {"extra_model", "seq_length", "vocab_size", "share_embeddings_and_output_weights",
-                      "position_embedding_type", "hybrid_override_pattern", "attention_backend"}
-        out = {}
-        for f in dataclasses.fields(self):
-            if f.name in non_model:
-                continue
-            out[f.name] = getattr(self, f.name)
+        out = {name: getattr(self, name) for name, f in FIELDS.items()
+               if f.metadata["origin"] in (TRANSFORMER_CONFIG, COMM_OVERLAP)}
         out.update(self.extra_model)
         return out
 
@@ -225,4 +332,10 @@ class Workload:
         return dataclasses.replace(self, **changes)
 
 
-FIELD_NAMES = frozenset(f.name for f in dataclasses.fields(Workload)) - {"extra_model"}
+FIELDS = {f.name: f for f in dataclasses.fields(Workload) if f.name != "extra_model"}
+FIELD_NAMES = frozenset(FIELDS)
+
+
+def section_fields(section: str) -> frozenset:
+    """The Workload fields a workload file holds in `section` (train, ddp, cluster, ...)."""
+    return frozenset(n for n, f in FIELDS.items() if f.metadata["section"] == section)

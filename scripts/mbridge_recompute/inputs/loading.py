@@ -10,9 +10,10 @@ named as the user wrote it. Nothing here imports torch or megatron.
 
 from __future__ import annotations
 
-import dataclasses
 import difflib
 import json
+import types
+import typing
 from functools import lru_cache
 from pathlib import Path
 
@@ -21,8 +22,7 @@ from typing import Any, Iterable
 
 from mbridge_recompute.facts import releases
 from mbridge_recompute.errors import InputError
-from mbridge_recompute.workload import (CLUSTER_KEYS, COMM_OVERLAP_KEYS, DDP_KEYS, FIELD_NAMES,
-                                        OPTIMIZER_KEYS, TRAIN_KEYS, Workload)
+from mbridge_recompute.workload import FIELD_NAMES, FIELDS, Workload, section_fields
 
 DATA = DATA_DIR
 
@@ -84,24 +84,6 @@ def _suggest(key: str, known: Iterable[str]) -> str:
 
 
 # ---------------------------------------------------------------- coercion
-_TYPES = {f.name: str(f.type) for f in dataclasses.fields(Workload)}
-_POSITIVE = {"num_layers", "hidden_size", "num_attention_heads", "num_query_groups", "kv_channels",
-             "ffn_hidden_size", "seq_length", "vocab_size", "num_moe_experts", "moe_router_topk",
-             "moe_ffn_hidden_size", "moe_shared_expert_intermediate_size", "tensor_model_parallel_size",
-             "pipeline_model_parallel_size", "virtual_pipeline_model_parallel_size",
-             "context_parallel_size", "expert_model_parallel_size", "expert_tensor_parallel_size",
-             "micro_batch_size", "global_batch_size", "num_gpus", "gpu_memory_gb", "q_lora_rank",
-             "kv_lora_rank", "qk_head_dim", "qk_pos_emb_head_dim", "v_head_dim"}
-_CHOICES = {
-    "transformer_impl": ("transformer_engine", "local", "inference_optimized"),
-    # full_iteration is an impl in main (tc:2778-2783 @ d98e8a6); the checker rejects it for 0.16.1
-    "cuda_graph_impl": ("none", "local", "transformer_engine", "full_iteration"),
-    "fp8": ("e4m3", "hybrid"),
-    "fp8_recipe": ("delayed", "tensorwise", "mxfp8", "blockwise", "custom"),
-    "fp4": ("nvfp4",),
-    "moe_token_dispatcher_type": ("allgather", "alltoall", "flex"),
-}
-
 # Bounds on counts. Sizes are multiplied as Python ints and the model walks every layer and
 # every micro-batch one by one, so an extra run of digits would surface as an OverflowError,
 # a MemoryError or a run that never ends; these bounds make it exit 2 naming the field.
@@ -109,8 +91,8 @@ _CHOICES = {
 # too, whose bytes would otherwise overflow to inf); the layer and micro-batch bounds keep
 # `plan` within seconds to minutes per pipeline stage.
 MAX_INT = 2**31 - 1
-MAX_LAYERS = 10_000
 MAX_MICROBATCHES = 1_000_000
+_HINTS = typing.get_type_hints(Workload)
 
 # TransformerConfig fields outside Workload that the memory model reads (memory/shape.py,
 # memory/peak.py): checked here like Workload fields, so a bad value is exit 2 naming it
@@ -121,84 +103,118 @@ _EXTRA_SIZES = frozenset({"microbatch_group_size_per_vp_stage", "mamba_head_dim"
 _EXTRA_FLAGS = frozenset({"bias_activation_fusion", "use_te_activation_func",
                           "use_fused_weighted_squared_relu", "moe_shared_expert_gate",
                           "deallocate_pipeline_outputs", "cross_entropy_loss_fusion",
-                          "use_mamba_mem_eff_path", "apply_rope_fusion"})
+                          "use_mamba_mem_eff_path", "apply_rope_fusion",
+                          "account_for_embedding_in_pipeline_split",
+                          "account_for_loss_in_pipeline_split"})
 
 # Optimizer-state dtypes, normalised. A Bridge dump writes a torch dtype as
 # {_target_: torch.bfloat16, _call_: false}; TE FusedAdam takes uint8 (fp8) moments.
-_DTYPE_FIELDS = ("main_params_dtype", "main_grads_dtype", "exp_avg_dtype", "exp_avg_sq_dtype")
 _DTYPE_NAMES = {"float32": "fp32", "fp32": "fp32", "float": "fp32", "bfloat16": "bf16",
                 "bf16": "bf16", "float16": "fp16", "half": "fp16", "fp16": "fp16",
                 "uint8": "fp8", "fp8": "fp8"}
+_DTYPE_FIELDS = tuple(n for n, f in FIELDS.items() if f.metadata.get("kind") == "dtype")
 
 # CudaGraphScope names (transformer/enums.py:70-79 @ core_v0.16.1) plus the deprecated "full".
 CUDA_GRAPH_SCOPES = ("full", "full_iteration", "attn", "mlp", "moe", "moe_router", "moe_preprocess",
                      "mamba")
 
 
+def _optional(hint) -> tuple[bool, Any]:
+    """(None allowed, the type without None) for Optional[X], X | None and plain X."""
+    if typing.get_origin(hint) in (typing.Union, types.UnionType):
+        args = [a for a in typing.get_args(hint) if a is not type(None)]
+        if len(args) < len(typing.get_args(hint)):
+            return True, args[0] if len(args) == 1 else typing.Union[tuple(args)]
+    return False, hint
+
+
 def _coerce(name: str, value: Any, where: str) -> Any:
-    """Convert one value to the Workload field's type, or raise naming `where`."""
-    t = _TYPES[name]
-    optional = t.startswith("Optional")
+    """Convert one value to the Workload field's declared type, or raise naming `where`."""
+    meta = FIELDS[name].metadata
+    optional, hint = _optional(_HINTS[name])
+    kind = meta.get("kind")
     if value is None:
-        if optional or name in ("recompute_modules", "offload_modules"):
+        if optional:
             return None
         raise InputError(where, "must not be null")
-    if name == "activation_func":
+    if kind == "function":
         return _activation_name(value, where)
-    if name in _DTYPE_FIELDS:
+    if kind == "dtype":
         return _dtype_name(value, where)
-    if name == "te_version" and isinstance(value, (int, float)) and not isinstance(value, bool):
+    if kind == "version" and isinstance(value, (int, float)) and not isinstance(value, bool):
         # YAML reads 2.8 as a number and 2.10 as 2.1: a version must stay text
         raise InputError(where, f"write the version as text, e.g. 2.8.0 or \"2.8\" "
                                 f"(YAML reads a bare {value!r} as a number; 2.10 would become 2.1)")
-    if "list" in t and isinstance(value, (list, tuple)):
-        if name in ("recompute_modules", "offload_modules", "cuda_graph_scope"):
+    if kind == "labels" and not isinstance(value, (list, tuple)):
+        raise InputError(where, f"must be a list of labels, got {type(value).__name__} {value!r}"
+                         " (megatron-core iterates a string character by character)")
+    if kind == "enum" and isinstance(value, str) and "." in value:
+        value = value.rsplit(".", 1)[1]           # AttnBackend.flash -> flash
+    return _coerce_type(hint, value, where, meta)
+
+
+def _coerce_type(hint, value: Any, where: str, meta) -> Any:
+    origin = typing.get_origin(hint)
+    if origin in (typing.Union, types.UnionType):          # int | list[int], str | list[str]
+        scalar, seq = typing.get_args(hint)
+        return _coerce_type(seq if isinstance(value, (list, tuple)) else scalar, value, where, meta)
+    if origin is list:
+        if not isinstance(value, (list, tuple)):
+            raise InputError(where, f"must be a list, got {value!r}")
+        (item,) = typing.get_args(hint)
+        if item is str:
             bad = [v for v in value if not isinstance(v, str) or not v.strip()]
             if bad:
                 raise InputError(where, f"entries must be non-empty strings, got {bad[0]!r}")
             return [v.strip() for v in value]
-        if name == "moe_layer_freq":
-            if not all(isinstance(v, int) and not isinstance(v, bool) and v in (0, 1) for v in value):
-                raise InputError(where, "a list must hold 0/1 per layer")
-            return list(value)
-    if name in ("recompute_modules", "offload_modules"):
-        raise InputError(where, f"must be a list of labels, got {type(value).__name__} {value!r}"
-                         " (megatron-core iterates a string character by character)")
-    base = t.replace("Optional[", "").replace("]", "")
-    if "bool" == base:
+        if meta.get("kind") == "layer-mask" and not all(
+                isinstance(v, int) and not isinstance(v, bool) and v in (0, 1) for v in value):
+            raise InputError(where, "a list must hold 0/1 per layer")
+        return [_coerce_type(item, v, where, {}) for v in value]
+    if origin is typing.Literal:
+        choices = typing.get_args(hint)
+        if not isinstance(value, str) or value not in choices:
+            raise InputError(where, f"must be one of {', '.join(choices)}, got {value!r}")
+        return value
+    if hint is bool:
         if isinstance(value, bool):
             return value
         raise InputError(where, f"must be true or false, got {value!r}")
-    if base in ("int", "Union[int, list"):
+    if hint is int:
         if isinstance(value, bool) or not isinstance(value, int):
             if isinstance(value, float) and value.is_integer():
                 value = int(value)
             else:
                 raise InputError(where, f"must be an integer, got {value!r}")
-        if name in _POSITIVE and value <= 0:
-            raise InputError(where, f"must be positive, got {value}")
-        if abs(value) > MAX_INT:
-            raise InputError(where, f"must be at most {MAX_INT}, got {value}")
-        if name == "num_layers" and value > MAX_LAYERS:
-            raise InputError(where, f"must be at most {MAX_LAYERS}, got {value}")
+        _check_bounds(value, where, meta)
+        limit = meta.get("limit")
+        if limit is not None and value > limit:
+            raise InputError(where, f"must be at most {limit}, got {value}")
         return value
-    if base == "float":
+    if hint is float:
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             raise InputError(where, f"must be a number, got {value!r}")
         if not abs(value) <= MAX_INT:   # written so that nan fails too (YAML reads .nan, .inf)
             raise InputError(where, f"must be a finite number of at most {MAX_INT}, got {value}")
-        if name in _POSITIVE and value <= 0:
-            raise InputError(where, f"must be positive, got {value}")
-        if name.endswith("dropout") and not 0 <= value < 1:
-            raise InputError(where, f"must be in [0, 1), got {value}")
+        _check_bounds(value, where, meta)
         return float(value)
-    if base in ("str", "Union[str, list"):
+    if hint is str:
         if not isinstance(value, str):
             raise InputError(where, f"must be a string, got {value!r}")
-        if name in _CHOICES and value not in _CHOICES[name]:
-            raise InputError(where, f"must be one of {', '.join(_CHOICES[name])}, got {value!r}")
         return value
-    return value
+    raise TypeError(f"Workload field type {hint!r} has no reader")   # a new field needs one
+
+
+def _check_bounds(value, where: str, meta) -> None:
+    bound = meta.get("bound")
+    if bound == "positive" and value <= 0:
+        raise InputError(where, f"must be positive, got {value}")
+    if bound == "count" and value < 0:
+        raise InputError(where, f"must be zero or more, got {value}")
+    if bound == "fraction" and not 0 <= value < 1:
+        raise InputError(where, f"must be in [0, 1), got {value}")
+    if abs(value) > MAX_INT:
+        raise InputError(where, f"must be at most {MAX_INT}, got {value}")
 
 
 def _coerce_extra(name: str, value: Any, where: str) -> Any:
@@ -262,9 +278,11 @@ def _sections_to_fields(data: dict, origin: str) -> tuple[dict, dict]:
     """Map the file's sections onto Workload fields. Returns (fields, extra_model)."""
     fields: dict[str, Any] = {}
     extra: dict[str, Any] = {}
-    mapped = {"train": (TRAIN_KEYS, TRAIN_OTHER_KEYS), "ddp": (DDP_KEYS, DDP_OTHER_KEYS),
-              "comm_overlap": (COMM_OVERLAP_KEYS, None), "cluster": (CLUSTER_KEYS, frozenset()),
-              "optimizer": (OPTIMIZER_KEYS, None)}
+    mapped = {"train": (section_fields("train"), TRAIN_OTHER_KEYS),
+              "ddp": (section_fields("ddp"), DDP_OTHER_KEYS),
+              "comm_overlap": (section_fields("comm_overlap"), None),
+              "cluster": (section_fields("cluster"), frozenset()),
+              "optimizer": (section_fields("optimizer"), None)}
     for section, body in data.items():
         where = f"{origin}{section}"
         if section == "model":
@@ -289,7 +307,7 @@ def _sections_to_fields(data: dict, origin: str) -> tuple[dict, dict]:
             for key, value in body.items():
                 kw = f"{where}.{key}"
                 if key in ours:
-                    fields[ours[key]] = _coerce(ours[key], value, kw)
+                    fields[key] = _coerce(key, value, kw)
                 elif others is None or key in others:
                     continue
                 else:
@@ -327,8 +345,8 @@ def _apply_overrides(data: dict, overrides: Iterable[str]) -> None:
         key, value = parse_override(text)
         parts = key.split(".")
         if len(parts) == 1:
-            section = "cluster" if parts[0] in CLUSTER_KEYS else "train" if parts[0] in TRAIN_KEYS \
-                else "model"
+            section = next((sec for sec in ("cluster", "train") if parts[0] in section_fields(sec)),
+                           "model")
             parts = [section, parts[0]]
         if len(parts) != 2:
             raise InputError(f"--set {key}", "expected section.key (e.g. model.recompute_modules)")
