@@ -29,11 +29,12 @@ sys.path.insert(0, str(ROOT / "scripts"))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import bridge_formula  # noqa: E402
+
 from mbridge_recompute import memory  # noqa: E402
 from mbridge_recompute.facts import card
-from mbridge_recompute.plan import budget, planner, search
 from mbridge_recompute.inputs.loading import load_workload  # noqa: E402
 from mbridge_recompute.output import GB  # noqa: E402
+from mbridge_recompute.plan import planner
 from mbridge_recompute.setting import RecomputeSetting  # noqa: E402
 
 TOLERANCE = 0.25          # relative

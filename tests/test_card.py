@@ -13,14 +13,14 @@ from __future__ import annotations
 import copy
 import re
 import shutil
-from pathlib import Path
 
 import pytest
 import yaml
 
-from conftest import ROOT
-from mbridge_recompute.facts import card
+from mbridge_recompute.facts import card, docs
 from mbridge_recompute.facts.card_schema import check_file, validate
+
+from conftest import ROOT
 
 PACKAGE_CARD = card.CARD_PATH
 TOP_CARD = ROOT / "card.yaml"
@@ -155,41 +155,6 @@ def evidence_mismatches(doc_text: str, card_data: dict) -> list[str]:
     return problems
 
 
-# ---------------------------------------------------------------- label table
-
-def label_table(text: str) -> list[dict]:
-    lines = text.splitlines()
-    start = lines.index("## Labels")
-    for i in range(start, len(lines)):
-        if lines[i].startswith("| label |"):
-            return parse_table(lines, i)
-    raise AssertionError("SKILL.md ## Labels has no '| label |' table")
-
-
-def label_mismatches(skill_text: str, card_data: dict) -> list[str]:
-    problems = []
-    rows = {modules_of(r["label"])[0]: r for r in label_table(skill_text)}
-    entries = {e["label"]: e for e in card_data["labels"]}
-    for name in entries.keys() - rows.keys():
-        problems.append(f"card label {name} is not in SKILL.md's table")
-    for name in rows.keys() - entries.keys():
-        problems.append(f"SKILL.md label {name} is not in the card")
-    for name in entries.keys() & rows.keys():
-        row, entry = rows[name], entries[name]
-        for version in card_data["versions"]:
-            if version not in row:
-                problems.append(f"SKILL.md's label table has no column {version!r}")
-                continue
-            shown = row[version] == "yes"
-            if shown != (version in entry["versions"]):
-                problems.append(f"{name} @ {version}: SKILL.md says {row[version]!r}, "
-                                f"card versions {entry['versions']}")
-        te = row.get("TE at runtime")
-        if te != ("yes" if entry["needs_te"] else "no"):
-            problems.append(f"{name}: SKILL.md 'TE at runtime' {te!r}, card needs_te {entry['needs_te']}")
-    return problems
-
-
 # ---------------------------------------------------------------- the tests
 
 def test_card_matches_its_schema():
@@ -209,24 +174,34 @@ def test_top_level_card_copy_check_fails_when_the_copy_drifts(tmp_path):
     assert drifted.read_bytes() != PACKAGE_CARD.read_bytes()
 
 
-@pytest.mark.parametrize("version", ["0.16.1", "main"])
-def test_skill_label_table_agrees_with_card_labels(version):
-    problems = [p for p in label_mismatches(SKILL.read_text(), card.load())
-                if version in p or "not in" in p or "TE at runtime" in p]
-    assert problems == []
+def test_guide_tables_are_the_ones_the_card_renders():
+    """The labels-by-release matrix, the rules that differ between releases and the full
+    constraint tables in SKILL.md and references/ are generated from the card
+    (`python3 -m mbridge_recompute.facts.docs --write`)."""
+    assert docs.stale_blocks() == []
 
 
-def test_label_check_fails_when_skill_table_drifts(tmp_path):
-    text = SKILL.read_text()
-    # mark a main-only label as present in 0.16.1
-    drifted = re.sub(r"(\| `mhc` \| )– \|", r"\1yes |", text, count=1)
+def test_guide_table_check_fails_when_a_table_drifts(tmp_path):
+    for f in ("SKILL.md", "references/labels.md", "references/constraints.md"):
+        (tmp_path / f).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / f).write_text((ROOT / f).read_text())
+    skill = tmp_path / "SKILL.md"
+    text = skill.read_text()
+    drifted = re.sub(r"(\| `mhc` \| )– \|", r"\1yes |", text, count=1)   # mhc present in 0.16
     assert drifted != text
-    (tmp_path / "SKILL.md").write_text(drifted)
-    problems = label_mismatches((tmp_path / "SKILL.md").read_text(), card.load())
-    assert any("mhc @ 0.16.1" in p for p in problems)
-    # and a label the card lacks
-    drifted2 = text.replace("| `mhc` |", "| `mhc_x` |", 1)
-    assert any("mhc_x" in p for p in label_mismatches(drifted2, card.load()))
+    skill.write_text(drifted)
+    assert docs.stale_blocks(tmp_path) == ["SKILL.md: block labels differs from the card"]
+    docs.write(tmp_path)
+    assert docs.stale_blocks(tmp_path) == [] and skill.read_text() == text
+
+
+def test_label_matrix_lists_each_label_in_the_releases_the_card_names():
+    rows = {line.split("|")[1].strip(" `"): [c.strip() for c in line.split("|")[2:7]]
+            for line in docs.label_matrix().splitlines()[2:]}
+    assert rows["core_attn"] == ["yes"] * 5
+    assert rows["gdn_norm_out"] == ["–", "–", "–", "yes", "yes"]
+    assert rows["mhc"] == ["–", "–", "–", "–", "yes"]
+    assert set(rows) == {e["label"] for e in card.load()["labels"]}
 
 
 def test_skill_evidence_tables_agree_with_card_evidence():
@@ -311,10 +286,13 @@ def test_schema_rejects_unknown_top_level_keys_and_missing_sections():
     assert "card.limitations: missing" in problems
 
 
-def test_schema_rejects_a_label_version_the_card_does_not_declare():
+def test_schema_rejects_a_release_the_card_does_not_declare():
     data = _card()
-    data["labels"][0]["versions"] = ["0.16.1", "0.17"]
-    assert validate(data) == ["labels[0].versions: '0.17' is not in the card's versions"]
+    data["labels"][0]["releases"] = "0.15-main"
+    data["constraints"][0]["at"]["0.20"] = "tc:1"
+    assert validate(data) == ["labels[0].releases: '0.15' is not one of the card's releases "
+                              "(0.16, 0.17, 0.18, 0.19, main)",
+                              "constraints[0].at: '0.20' is not one of the card's releases"]
 
 
 def test_schema_rejects_duplicate_ids_and_bad_constraint_fields():
@@ -366,36 +344,12 @@ def test_schema_command_line_exit_codes(tmp_path):
 
 # ---------------------------------------------------------------- constraints reference
 
-def _normalise(text: str) -> str:
-    return re.sub(r"\{[^}]*\}", "{}", text)
-
-
-def missing_constraint_messages(doc_text: str, card_data: dict) -> list[str]:
-    """Card constraints whose exact upstream message references/constraints.md does not quote.
-
-    Placeholders ({num_layers}, {…}) are compared as placeholders; silent no-ops and advice
-    carry no upstream message and are not required there.
-    """
-    doc = _normalise(doc_text)
-    missing = []
-    for c in card_data["constraints"]:
-        if not c["message"] or c["kind"] in ("silent-no-op", "advice") or c["message"] == "runtime only":
-            continue
-        if any(part.strip() and part.strip() not in doc for part in _normalise(c["message"]).split("{}")):
-            missing.append(c["id"])
-    return missing
-
-
-def test_constraints_reference_quotes_every_card_message():
+def test_constraints_reference_quotes_every_card_message_of_every_release():
     text = (ROOT / "references" / "constraints.md").read_text()
-    assert missing_constraint_messages(text, card.load()) == []
-
-
-def test_constraints_reference_check_fails_when_a_message_drifts():
-    text = (ROOT / "references" / "constraints.md").read_text()
-    drifted = text.replace("full recompute is only supported with full iteration CUDA graph.",
-                           "full recompute is only supported with full-iteration CUDA graphs.")
-    assert "full-recompute-needs-full-iteration-graph" in missing_constraint_messages(drifted, card.load())
+    for c in card.constraints():
+        for message, _keys in card.message_variants(c["id"]):
+            if message and message not in ("runtime only", "silent no-op"):
+                assert message.replace("|", "\\|").replace("`", "'") in text, c["id"]
 
 
 # ---------------------------------------------------------------- evidence conditions in prose
@@ -451,34 +405,3 @@ def test_skill_known_limitations_are_the_card_limitations():
 def test_limitation_check_fails_when_one_drifts():
     drifted = SKILL.read_text().replace("none of it ranks labels in general", "it ranks labels", 1)
     assert len(limitation_mismatches(drifted, card.load())) == 2
-
-
-# ---------------------------------------------------------------- labels reference
-
-def labels_reference_sets(text: str) -> dict[str, set]:
-    """{version: labels} from references/labels.md's 'Which labels exist' table."""
-    lines = text.splitlines()
-    start = lines.index("## Which labels exist")
-    rows = parse_table(lines, start)
-    sets: dict[str, set] = {}
-    for row in rows:
-        version = row["version"].split()[0]
-        names = set(re.findall(r"`([a-z_]+)`", row["accepted labels"]))
-        if "the 0.16.1 set" in row["accepted labels"]:
-            names |= sets["0.16.1"]
-        sets[version] = names
-    return sets
-
-
-def test_labels_reference_lists_the_card_label_sets():
-    sets = labels_reference_sets((ROOT / "references" / "labels.md").read_text())
-    data = card.load()
-    for version in data["versions"]:
-        assert sets[version] == {e["label"] for e in data["labels"] if version in e["versions"]}, version
-
-
-def test_labels_reference_check_fails_when_a_label_drifts():
-    text = (ROOT / "references" / "labels.md").read_text()
-    drifted = text.replace("`gdp_qkv`, `mhc` | tc:1944-1962 @ main", "`gdp_qkv` | tc:1944-1962 @ main", 1)
-    assert drifted != text
-    assert "mhc" not in labels_reference_sets(drifted)["main"]

@@ -6,8 +6,8 @@ import json
 
 import pytest
 
-from mbridge_recompute.inputs import hf_config
 from mbridge_recompute.errors import InputError
+from mbridge_recompute.inputs import hf_config
 from mbridge_recompute.inputs.loading import load_workload
 
 LLAMA = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "num_hidden_layers": 32,

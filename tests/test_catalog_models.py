@@ -5,10 +5,11 @@ from __future__ import annotations
 import pytest
 import yaml
 
-from conftest import ROOT
-from mbridge_recompute.inputs import catalog
 from mbridge_recompute.errors import InputError
+from mbridge_recompute.inputs import catalog
 from mbridge_recompute.inputs.loading import load_workload
+
+from conftest import ROOT
 
 REQUIRED = {"llama3-8b", "llama3-70b", "llama3.1-405b", "qwen3-8b", "qwen3-32b", "qwen3-30b-a3b",
             "qwen3-235b-a22b", "mixtral-8x7b", "deepseek-v3", "moonlight-16b", "nemotron-3-nano",

@@ -22,8 +22,6 @@ CASES = {
                                  ["--mcore-version", "0.16.1"], "model.recompute_modules"),
     "TP not dividing heads": ("model:\n  num_attention_heads: 64\n  tensor_model_parallel_size: 3\n", [],
                               "model.tensor_model_parallel_size"),
-    "PP not dividing layers": ("model:\n  num_layers: 80\n  pipeline_model_parallel_size: 3\n", [],
-                               "model.pipeline_model_parallel_size"),
     "string instead of list for recompute_modules": (
         "model:\n  recompute_granularity: selective\n  recompute_modules: core_attn\n", [],
         "model.recompute_modules"),

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import pytest
 
-from mbridge_recompute.facts import card
+from mbridge_recompute.facts import card, releases
 from mbridge_recompute.rules import builtin, check_workload, errors_only, live
 from mbridge_recompute.workload import Workload
 
@@ -58,9 +58,10 @@ def test_builtin_rule_ids_are_exactly_the_card_constraint_ids():
 def test_findings_carry_message_fix_and_citation_from_the_card():
     report = check(wl(**sel("mlp"), recompute_num_layers=2))
     f = one(report, "selective-with-num-layers")
-    c = card.constraint("selective-with-num-layers")
+    c = card.constraint_at("selective-with-num-layers", report["version"])
     assert set(f) >= {"id", "severity", "message", "fix", "source", "upstream_message", "citation"}
-    assert (f["fix"], f["citation"], f["upstream_message"]) == (c["fix"], c["source"], c["message"])
+    assert (f["fix"], f["citation"], f["upstream_message"]) == (c["fix"], c["citation"], c["message"])
+    assert f["citation"].endswith("@ " + releases.meta(report["version"])["tag"])
     assert f["source"] == "builtin" and f["severity"] == "error"
 
 

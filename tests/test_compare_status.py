@@ -14,9 +14,12 @@ FIXTURES = ROOT / "tests" / "fixtures" / "logs"
 sys.path.insert(0, str(FIXTURES))
 
 import logformat as lf  # noqa: E402
-from mbridge_recompute.logs import compare  # noqa: E402
-from mbridge_recompute.logs import runlog
+
 from mbridge_recompute.errors import InputError  # noqa: E402
+from mbridge_recompute.logs import (
+    compare,  # noqa: E402
+    runlog,
+)
 
 
 def summary(name: str, **kw) -> dict:

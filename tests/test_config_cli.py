@@ -11,10 +11,11 @@ import textwrap
 import pytest
 import yaml
 
-from conftest import ROOT, SCRIPTS
 from mbridge_recompute.facts import card
-from mbridge_recompute.write import snippets
 from mbridge_recompute.setting import RecomputeSetting as R
+from mbridge_recompute.write import snippets
+
+from conftest import ROOT, SCRIPTS
 
 MOE_NO_GROUPED_GEMM = """\
 model:

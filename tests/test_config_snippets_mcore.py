@@ -15,8 +15,8 @@ import pytest
 import yaml
 
 from mbridge_recompute.facts import releases
-from mbridge_recompute.write import snippets
 from mbridge_recompute.setting import RecomputeSetting as R
+from mbridge_recompute.write import snippets
 
 BASE = dict(num_layers=8, hidden_size=64, num_attention_heads=4)
 DENSE: dict = {}
@@ -57,8 +57,7 @@ IDS = [f"{s.name()}{'-dist' if s.distribute_saved_activations else ''}" for s, _
 @pytest.fixture(scope="module")
 def mcore():
     import torch  # noqa: F401  (megatron-core needs it; imported once per module)
-    from megatron.core.transformer.transformer_config import (MLATransformerConfig,
-                                                              TransformerConfig)
+    from megatron.core.transformer.transformer_config import MLATransformerConfig, TransformerConfig
 
     return SimpleNamespace(TransformerConfig=TransformerConfig, MLA=MLATransformerConfig)
 

@@ -24,9 +24,9 @@ import typing
 
 import pytest
 
-from mbridge_recompute.write import snippets
 from mbridge_recompute.inputs.loading import parse_override
 from mbridge_recompute.setting import RecomputeSetting as R
+from mbridge_recompute.write import snippets
 
 SETTINGS = [
     R.off(), R.selective(), R(granularity="selective"), R.selective("core_attn"),

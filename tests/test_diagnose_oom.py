@@ -12,8 +12,11 @@ FIXTURES = ROOT / "tests" / "fixtures" / "logs"
 sys.path.insert(0, str(FIXTURES))
 
 import logformat as lf  # noqa: E402
-from mbridge_recompute.logs import diagnose  # noqa: E402
-from mbridge_recompute.logs import runlog
+
+from mbridge_recompute.logs import (
+    diagnose,  # noqa: E402
+    runlog,
+)
 
 GIB = lf.GIB
 CAP = 79.11 * GIB

@@ -17,10 +17,9 @@ from conftest import ROOT, run_script
 sys.path.insert(0, str(ROOT / "tests" / "fixtures" / "logs"))
 
 import logformat as lf  # noqa: E402
+
 from mbridge_recompute.facts import card  # noqa: E402
-from mbridge_recompute.logs import diagnose
-from mbridge_recompute.logs import runlog
-from mbridge_recompute.logs import signatures
+from mbridge_recompute.logs import diagnose, runlog, signatures
 
 MC = lf.MC
 
@@ -150,21 +149,23 @@ def _filled(message: str) -> str:
     return re.sub(r"\{[^{}]*\}", "X", message.replace("…", "")).strip()
 
 
-CARD_MESSAGES = [c for c in card.constraints()
-                 if (c.get("message") or "").strip() not in signatures._NOT_A_MESSAGE
-                 and len(c["message"].strip()) >= 12]
+# one entry per constraint and message text (a message can change between releases)
+CARD_MESSAGES = [dict(c, message=message, releases=keys) for c in card.constraints()
+                 for message, keys in card.message_variants(c["id"])
+                 if (message or "").strip() not in signatures._NOT_A_MESSAGE
+                 and len(message.strip()) >= 12]
 
 
 def test_the_card_has_messages_to_match():
     assert len(CARD_MESSAGES) >= 40
 
 
-@pytest.mark.parametrize("c", CARD_MESSAGES, ids=[c["id"] for c in CARD_MESSAGES])
+@pytest.mark.parametrize("c", CARD_MESSAGES, ids=[f"{c['id']}@{c['releases'][0]}" for c in CARD_MESSAGES])
 def test_every_card_message_is_recognised_by_its_constraint_id(c):
     rep = diagnose.diagnose(runlog.parse_text(f"AssertionError: {_filled(c['message'])}\n"))
     f = next(f for f in rep["findings"] if f["kind"] in ("config", "runtime"))
     assert f["constraint_id"] == c["id"]
-    assert f["next_action"] == c["fix"] and f["source"] == c["source"]
+    assert f["next_action"] == c["fix"] and f["source"] == card.citations(c["id"], c["releases"])
 
 
 def test_runtime_table_does_not_repeat_a_card_message():
@@ -180,8 +181,10 @@ def test_a_message_the_card_carries_is_matched_through_the_card(monkeypatch):
     """When the card gains a string this table also has, the card's entry answers and the table's drops out."""
     grad = next(s for s in signatures.RUNTIME if s.id == "checkpoint-with-autograd-grad")
     fake = {"id": "grad-in-card", "kind": "runtime", "severity": "error", "condition": "c", "fix": "card fix",
-            "source": "random.py:539 @ core_v0.16.1", "message": grad.message}
+            "at": {"0.16": "rnd:539"}, "message": grad.message}
     monkeypatch.setattr(card, "constraints", lambda: [fake])
+    monkeypatch.setattr(card, "message_variants", lambda cid: [(grad.message, ["0.16"])])
+    monkeypatch.setattr(card, "citations", lambda cid, keys: "rnd:539 @ core_v0.16.1")
     signatures.card_signatures.cache_clear()
     signatures.all_signatures.cache_clear()
     try:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import math
 import sys
-from pathlib import Path
 
 import pytest
 
@@ -14,9 +13,12 @@ FIXTURES = ROOT / "tests" / "fixtures" / "logs"
 sys.path.insert(0, str(FIXTURES))
 
 import logformat as lf  # noqa: E402
-from mbridge_recompute.logs import runlog  # noqa: E402
-from mbridge_recompute.logs import oom
+
 from mbridge_recompute.errors import InputError  # noqa: E402
+from mbridge_recompute.logs import (
+    oom,
+    runlog,  # noqa: E402
+)
 
 
 def parse(name: str) -> runlog.Run:

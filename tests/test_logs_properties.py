@@ -13,10 +13,13 @@ from conftest import ROOT
 sys.path.insert(0, str(ROOT / "tests" / "fixtures" / "logs"))
 
 import logformat as lf  # noqa: E402
-from mbridge_recompute.logs import compare  # noqa: E402
-from mbridge_recompute.logs import diagnose
-from mbridge_recompute.logs import runlog
-from mbridge_recompute.logs import oom
+
+from mbridge_recompute.logs import (
+    compare,  # noqa: E402
+    diagnose,
+    oom,
+    runlog,
+)
 
 FAST = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 

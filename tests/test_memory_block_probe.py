@@ -10,8 +10,9 @@ from __future__ import annotations
 import importlib.util
 import json
 
-from conftest import ROOT
 from mbridge_recompute.facts import card
+
+from conftest import ROOT
 
 spec = importlib.util.spec_from_file_location("gpu_probe_compare", ROOT / "benchmarks" / "gpu_probe_compare.py")
 compare = importlib.util.module_from_spec(spec)

@@ -16,9 +16,10 @@ from __future__ import annotations
 
 import pytest
 
-from conftest import EXAMPLES
 from mbridge_recompute.inputs.loading import load_workload
 from mbridge_recompute.memory import estimate
+
+from conftest import EXAMPLES
 
 GB = 1e9
 MEASURED = {"core_attn": -0.004, "mla_up_proj": -0.716, "moe_act": -0.677}

@@ -12,12 +12,13 @@ from __future__ import annotations
 
 import pytest
 
-from conftest import EXAMPLES
 from mbridge_recompute.errors import InputError
 from mbridge_recompute.inputs.loading import load_workload
 from mbridge_recompute.memory import estimate, first_iteration_peak_bytes
 from mbridge_recompute.memory.static import optimizer_state_bytes
 from mbridge_recompute.setting import RecomputeSetting
+
+from conftest import EXAMPLES
 
 GB = 1e9
 

@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 from mbridge_recompute.facts import card
 from mbridge_recompute.memory import estimate
 from mbridge_recompute.placement import place
-from mbridge_recompute.plan import budget, planner, search
+from mbridge_recompute.plan import planner, search
 from mbridge_recompute.rules import check_workload
 from mbridge_recompute.workload import Workload
 
@@ -126,3 +126,14 @@ def test_every_accepted_split_places_exactly_num_layers_and_all_consumers_agree(
     # the memory model holds the same layers on every rank
     est = estimate(w)
     assert [r.layers for r in est.ranks] == pl.stage_layers
+
+
+def test_a_split_megatron_core_rejects_is_exit_1_with_the_finding_not_unusable_input(run_tool):
+    p = run_tool("check", "--validator", "builtin", "--mcore-version", "0.16.1",
+                 "--set", "model.num_layers=81")
+    assert p.returncode == 1 and "pp-does-not-divide-layers" in p.stdout
+    p = run_tool("plan", "--mcore-version", "0.16.1", "--set", "model.num_layers=81", "--json")
+    import json
+    r = json.loads(p.stdout)
+    assert p.returncode == 1 and r["recommendation"] is None and "pipeline split" in r["diagnosis"]
+    assert any(f["id"] == "pp-does-not-divide-layers" for f in r["workload_findings"])

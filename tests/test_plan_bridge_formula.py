@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import sys
 
-from conftest import EXAMPLES, ROOT
 from mbridge_recompute.inputs.loading import load_workload
 from mbridge_recompute.setting import RecomputeSetting
+
+from conftest import EXAMPLES, ROOT
 
 sys.path.insert(0, str(ROOT / "benchmarks"))
 import bridge_formula  # noqa: E402

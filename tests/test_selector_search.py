@@ -6,13 +6,14 @@ import json
 
 import pytest
 
-from conftest import EXAMPLES
+from mbridge_recompute.errors import InputError
+from mbridge_recompute.inputs.loading import load_workload
 from mbridge_recompute.placement import place
 from mbridge_recompute.plan import budget, planner, search
 from mbridge_recompute.plan.labels import label_effects
-from mbridge_recompute.errors import InputError
-from mbridge_recompute.inputs.loading import load_workload
 from mbridge_recompute.setting import RecomputeSetting
+
+from conftest import EXAMPLES
 
 GB = 1e9
 
@@ -83,7 +84,6 @@ def test_a_label_saving_only_on_a_cooler_rank_is_still_searched():
     """DeepSeek-V3's three dense layers sit on pp_rank 0 (4 + 14 x 4 + 1 layers over PP 16): `mlp`
     saves nothing on a MoE-only rank, yet must stay in the search, because once other labels lower
     the MoE ranks, rank 0 can become the hottest."""
-    from mbridge_recompute import memory
 
     w = load_workload(model="deepseek-v3")
     r = planner.plan(w).to_dict()

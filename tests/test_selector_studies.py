@@ -8,12 +8,13 @@ from __future__ import annotations
 
 import pytest
 
-from conftest import EXAMPLES
 from mbridge_recompute import memory
-from mbridge_recompute.plan import budget, planner, search
-from mbridge_recompute.plan.labels import label_effects
 from mbridge_recompute.inputs.loading import load_workload
+from mbridge_recompute.plan import planner
+from mbridge_recompute.plan.labels import label_effects
 from mbridge_recompute.setting import RecomputeSetting
+
+from conftest import EXAMPLES
 
 GB = 1e9
 

@@ -21,8 +21,9 @@ from pathlib import Path
 
 import pytest
 
+from mbridge_recompute.facts import releases
+
 from conftest import EXAMPLES, ROOT, run_script
-from test_card import label_table, modules_of
 
 SKILL_TEXT = (ROOT / "SKILL.md").read_text()
 BASE = dict(num_layers=8, hidden_size=64, num_attention_heads=4)
@@ -104,12 +105,18 @@ def test_claim_labels_are_validated_only_under_selective(TransformerConfig):
         TransformerConfig, recompute_granularity="selective", recompute_modules=["bogus"])
 
 
-def test_claim_label_table_for_0_16_1_is_the_installed_megatron_core_set(TransformerConfig):
+def test_claim_label_table_for_the_installed_release_is_its_megatron_core_set(TransformerConfig):
+    """The SKILL.md label matrix (rendered from the card) names, for the installed release, the
+    set its TransformerConfig accepts (read from the error it raises for an unknown label)."""
     message = raised(TransformerConfig, recompute_granularity="selective",
                      recompute_modules=["__probe__"])
     allowed = ast.literal_eval(message.split("Allowed modules are: ")[1])
-    table = {modules_of(r["label"])[0]: r for r in label_table(SKILL_TEXT)}
-    assert {name for name, row in table.items() if row["0.16.1"] == "yes"} == allowed
+    key = releases.target_version()
+    column = releases.keys().index(key)
+    rows = [line for line in SKILL_TEXT.split("<!-- card:labels -->", 1)[1].split("<!--", 1)[0].splitlines()
+            if line.startswith("| `")]
+    shown = {r.split("|")[1].strip(" `") for r in rows if r.split("|")[2 + column].strip() == "yes"}
+    assert shown == allowed
 
 
 def test_claim_empty_string_from_the_harness_flag_is_an_invalid_label(TransformerConfig):

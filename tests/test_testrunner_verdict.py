@@ -11,8 +11,6 @@ from __future__ import annotations
 import json
 import textwrap
 
-import pytest
-
 from conftest import ROOT, run_script
 
 CORE = "tests/unit_tests/training/utils/test_theoretical_memory_utils.py"

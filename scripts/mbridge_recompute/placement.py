@@ -83,7 +83,7 @@ def place(w, version: Optional[str] = None) -> Placement:
 def _holds(cid: str, version: str) -> bool:
     from mbridge_recompute.facts import card
 
-    return version in [str(v) for v in card.constraint(cid)["versions"]]
+    return card.holds(cid, version)
 
 
 def _uneven_problems(n: int, p: int, v: Optional[int], first, last) -> list[Problem]:

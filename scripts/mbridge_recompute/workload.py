@@ -31,7 +31,6 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Literal, Optional, Union
 
-
 # Which upstream config owns a field (`origin`).
 TRANSFORMER_CONFIG = "TransformerConfig"
 PROVIDER = "Bridge model provider"
@@ -192,8 +191,13 @@ class Workload:
     # --- CUDA graphs ------------------------------------------------------------------------
     cuda_graph_impl: str = _f("none", kind="release-name")
     """none, local, transformer_engine (main also full_iteration): checked per release."""
-    cuda_graph_scope: Union[str, list[str]] = _f("full", kind="release-name")
-    """'full' (deprecated spelling of the whole layer) or a list of CudaGraphScope names."""
+    cuda_graph_scope: Optional[Union[str, list[str]]] = _f(None, kind="release-name")
+    """0.16/0.17: what per-layer graphs capture ('full' or a list of CudaGraphScope names); None
+    leaves the release's default ('full', the whole layer). 0.18+ deprecate it for
+    cuda_graph_modules and migrate it there."""
+    cuda_graph_modules: Optional[Union[str, list[str]]] = _f(None, kind="release-name")
+    """0.18+: the modules per-layer graphs capture (CudaGraphModule names); None leaves the
+    default ('full'). Not a field of 0.16/0.17 (a checker finding there)."""
     # --- offloading -------------------------------------------------------------------------
     cpu_offloading: bool = _f(False)
     """Legacy CPU offloading of whole layers (no recompute, no PP)."""

@@ -34,11 +34,14 @@ def add_arguments(parser) -> None:
 
 
 def run(args) -> int:
+    from mbridge_recompute.facts import releases
     from mbridge_recompute.rules import check_workload
 
-    workload = load_workload(args.workload, args.sets, args.model, args.hf_config, args.mcore_version,
+    release = releases.target(args.mcore_version)
+    workload = load_workload(args.workload, args.sets, args.model, args.hf_config, release.requested,
                              default=True)
-    report = check_workload(workload, validator=args.validator, version=args.mcore_version)
+    report = check_workload(workload, validator=args.validator,
+                            version=release if args.mcore_version else None)
     from mbridge_recompute.output import emit
 
     emit(report, args.json, render)
@@ -46,7 +49,9 @@ def run(args) -> int:
 
 
 def render(report: dict) -> str:
-    lines = [f"validator: {report['validator']} (megatron-core {report['version']})"]
+    rel = report["release"]
+    facts = "" if rel["requested"] == rel["key"] else f", the {rel['key']} facts"
+    lines = [f"validator: {report['validator']} (megatron-core {rel['requested']}{facts}; {rel['how']})"]
     findings = report["findings"]
     for severity in _ORDER:
         group = [f for f in findings if f["severity"] == severity]

@@ -59,8 +59,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args) -> int:
-    from mbridge_recompute.logs import compare
-    from mbridge_recompute.logs import runlog
+    from mbridge_recompute.logs import compare, runlog
     from mbridge_recompute.output import emit
 
     if args.steady_from is not None and args.steady_from < 1:

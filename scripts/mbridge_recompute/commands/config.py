@@ -195,13 +195,13 @@ def check_setting(setting, args, version: str) -> dict:
     if given:
         from mbridge_recompute.inputs.loading import load_workload
 
-        base = load_workload(args.workload, args.sets, args.model, args.hf_config, args.mcore_version)
+        base = load_workload(args.workload, args.sets, args.model, args.hf_config, version)
     else:
         base = baseline_workload(setting)
     w = base.replace(**written_fields(setting))
     report = check_workload(w, validator="builtin", version=version)
-    return {"ok": report["ok"], "validator": report.get("validator", "builtin"),
-            "version": report.get("version", version),
+    return {"ok": report["ok"], "validator": report["validator"], "version": report["version"],
+            "facts": report["facts"], "release": report["release"],
             "checked_against": "workload" if given else "baseline", "findings": report["findings"]}
 
 
@@ -250,8 +250,8 @@ def run(args) -> int:
     from mbridge_recompute.facts import releases
     from mbridge_recompute.write import snippets
 
-    version = releases.resolve_version(args.mcore_version) if args.mcore_version \
-        else releases.target_version()
+    release = releases.target(args.mcore_version)
+    version = release.requested
     setting = setting_from_args(args, version)
     out_path = _output_path(args)
     fields = snippets.written_fields(setting)

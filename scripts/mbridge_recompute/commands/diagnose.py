@@ -40,8 +40,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def run(args) -> int:
     import sys
 
-    from mbridge_recompute.logs import diagnose
-    from mbridge_recompute.logs import runlog
+    from mbridge_recompute.logs import diagnose, runlog
     from mbridge_recompute.output import emit
 
     if args.log is None and args.message is None:

@@ -73,8 +73,7 @@ def _env(pairs) -> dict:
 
 def run(args) -> int:
     # light start: nothing heavy is imported anywhere on this path
-    from mbridge_recompute.runs import harness
-    from mbridge_recompute.runs import parsercheck
+    from mbridge_recompute.runs import harness, parsercheck
 
     # `not 0 < x < inf` so that nan and inf fail too (argparse's float() reads both)
     if args.timeout is not None and not 0 < args.timeout < float("inf"):

@@ -52,13 +52,16 @@ def run(args) -> int:
         raise InputError("--top", f"must be >= 1, got {args.top}")
     if args.plot:
         _check_plot_target(Path(args.plot), args.force)
+    from mbridge_recompute.facts import releases
+
+    release = releases.target(args.mcore_version)
     w = load_workload(args.workload, args.sets, model=args.model, hf_config=args.hf_config,
-                      mcore_version=args.mcore_version, default=True)
+                      mcore_version=release.requested, default=True)
     measured, source = args.measured_peak_gb, "--measured-peak-gb"
     if args.measured:
         measured, source = measured_peak_from_compare(args.measured), f"--measured {args.measured}"
     report = plan(w, budget_gb=args.budget_gb, measured_peak_gb=measured, measured_source=source,
-                  version=args.mcore_version, top=args.top)
+                  version=release, top=args.top)
     if args.model:
         from mbridge_recompute.inputs import catalog
 
@@ -82,13 +85,13 @@ TEXT_FRONTIER_ROWS = 15      # frontier rows in the text report when --top is no
 
 def render_text(r) -> str:
     """The plan as text, read from the PlanReport's attributes."""
-    from mbridge_recompute.output import table
 
     wl = r.workload
     out = [f"workload: {wl['num_layers']} layers, hidden {wl['hidden_size']}, TP{wl['tp']} PP{wl['pp']} "
            f"VPP{wl['vpp']} CP{wl['cp']} EP{wl['ep']} DP{wl['dp']}, seq {wl['seq_length']}, "
            f"MBS {wl['micro_batch_size']}, {wl['num_microbatches']} micro-batches, "
            f"{wl['gpu_memory_gb']:g} GB GPUs; recompute now: {wl['recompute']}",
+           f"megatron-core {r.release.name}: {r.release.how}",
            f"budget: {_gb(r.budget_bytes)} GB per GPU (sizes below in decimal GB)"]
     m = r.extra.get("model_source")
     if m:

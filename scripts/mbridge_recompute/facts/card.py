@@ -1,15 +1,21 @@
-"""The card: labels, constraints, evidence and limitations, in one YAML file.
+"""The card: labels, constraints, enums, evidence and limitations, in one YAML file, each fact
+keyed by the megatron-core releases it holds for.
 
-`data/card.yaml` is the source of truth inside the package (so a pip install has
-it); the skill's top-level `card.yaml` is a byte-identical copy that agents and
-people read, kept equal by tests/test_card.py. Code that states a fact (a rule's
-message, a label's versions) reads it from here instead of repeating it.
+`data/card.yaml` is the source of truth inside the package (so a pip install has it); the
+skill's top-level `card.yaml` is a byte-identical copy that agents and people read, kept equal
+by tests/test_card.py. Code that states a fact (a rule's message, exception, citation, the
+releases it holds for, a label's releases) reads it from here instead of repeating it.
+
+A constraint holds for the releases its `at` names (release key -> `file:line` in that
+release's tag). `changes` lists what differs from a release on: `message`, `raises`, `params`.
+`constraint_at(cid, key)` gives the entry as it is in one release.
 """
 
 from __future__ import annotations
 
+import re
 from functools import lru_cache
-from pathlib import Path
+from typing import Optional
 
 from mbridge_recompute import DATA_DIR
 
@@ -24,15 +30,84 @@ def load() -> dict:
     return yaml.load(CARD_PATH.read_text(encoding="utf-8"), Loader=loader)
 
 
+@lru_cache(maxsize=1)
+def _by_id() -> dict:
+    return {c["id"]: c for c in load()["constraints"]}
+
+
 def constraint(cid: str) -> dict:
-    for c in load()["constraints"]:
-        if c["id"] == cid:
-            return c
-    raise KeyError(f"card.yaml has no constraint {cid!r}")
+    """The card entry of `cid` as written (release-independent fields and `at`)."""
+    try:
+        return _by_id()[cid]
+    except KeyError:
+        raise KeyError(f"card.yaml has no constraint {cid!r}") from None
 
 
 def constraints() -> list[dict]:
     return list(load()["constraints"])
+
+
+def holds(cid: str, key: str) -> bool:
+    """Whether constraint `cid` exists in release `key`."""
+    return key in constraint(cid)["at"]
+
+
+@lru_cache(maxsize=None)
+def constraint_at(cid: str, key: str) -> Optional[dict]:
+    """Constraint `cid` as release `key` has it (message, raises, params after `changes`, and
+    the citation of that release), or None when it does not hold there."""
+    c = constraint(cid)
+    if key not in c["at"]:
+        return None
+    order = list(load()["releases"])
+    out = {k: v for k, v in c.items() if k not in ("at", "changes")}
+    out["params"] = dict(c.get("params") or {})
+    for ch in c.get("changes") or []:
+        if order.index(ch["since"]) <= order.index(key):
+            for field in ("message", "raises"):
+                if field in ch:
+                    out[field] = ch[field]
+            out["params"].update(ch.get("params") or {})
+    out["at"] = c["at"][key]
+    out["release"] = key
+    out["citation"] = citation(c["at"][key], key)
+    return out
+
+
+def message_variants(cid: str) -> list[tuple]:
+    """[(message, [release keys it holds for])] for constraint `cid`, oldest first."""
+    out: dict = {}
+    for key in constraint(cid)["at"]:
+        out.setdefault(constraint_at(cid, key)["message"], []).append(key)
+    return list(out.items())
+
+
+def citations(cid: str, keys: list) -> str:
+    """`file:line @ tag` of `cid` in each of `keys`, joined."""
+    at = constraint(cid)["at"]
+    return "; ".join(citation(at[k], k) for k in keys if k in at)
+
+
+def citation(location: str, key: str) -> str:
+    """`file:line @ tag` for a location of release `key`."""
+    return f"{location} @ {load()['releases'][key]['tag']}"
+
+
+_LOCATION = re.compile(r"(?:\(from\s+)?([\w./]+):(\d+)")
+
+
+def order_in(cid: str, key: str) -> Optional[tuple]:
+    """Where a config check sits in release `key`'s __post_init__: (file rank, line).
+
+    ModelParallelConfig's checks run first (through super().__post_init__()); a check in a
+    helper module (cgc) is placed at the line that calls it, written `cgc:A-B (from tc:N)`.
+    """
+    loc = constraint(cid)["at"].get(key)
+    if loc is None:
+        return None
+    called = re.search(r"\(from\s+(\w+):(\d+)", loc)
+    m = called or _LOCATION.match(loc)
+    return ({"mpc": 0, "tc": 1}.get(m.group(1), 2), int(m.group(2)))
 
 
 def label(name: str) -> dict:

@@ -11,14 +11,19 @@ valid, 1 with one problem per line otherwise).
 
 from __future__ import annotations
 
+import re
 import sys
 from pathlib import Path
 from typing import Any, Callable
 
 TOP_LEVEL = {
-    "schema_version": "int", "name": "str", "title": "str", "versions": "map",
-    "labels": "list", "constraints": "list", "evidence": "list", "limitations": "list",
+    "schema_version": "int", "name": "str", "title": "str", "releases": "map", "bridge_pins": "list",
+    "abbreviations": "map", "enums": "map", "labels": "list", "constraints": "list",
+    "evidence": "list", "limitations": "list",
 }
+EXCEPTIONS = {"ValueError", "AssertionError", "TypeError", "NotImplementedError", "KeyError",
+              "IndexError", "NameError", "RuntimeError", "ImportError"}
+_LOCATION = re.compile(r"^([\w./]+):\d+")
 SEVERITIES = {"error", "warning", "info"}
 # where a rule bites: TransformerConfig, Megatron-LM training arguments, the first forward,
 # nowhere (a label that silently does nothing), or guidance without an upstream check
@@ -98,19 +103,34 @@ def validate(card: Any) -> list[str]:
         c.bad(key, f"unknown top-level key (known: {', '.join(TOP_LEVEL)})")
     for key, kind in TOP_LEVEL.items():
         c.field(card, key, kind, "card")
-    version_map = card.get("versions") if isinstance(card.get("versions"), dict) else {}
-    versions = set(version_map)
-    for v, meta in version_map.items():
-        if not isinstance(meta, dict) or not _type_ok(meta.get("source"), "str"):
-            c.bad(f"versions.{v}", "needs a 'source' string naming the release or commit")
+    release_map = card.get("releases") if isinstance(card.get("releases"), dict) else {}
+    order = list(release_map)
+    for v, meta in release_map.items():
+        if not isinstance(meta, dict) or not _type_ok(meta.get("tag"), "str"):
+            c.bad(f"releases.{v}", "needs a 'tag' naming the git tag or commit its citations refer to")
+    abbreviations = card.get("abbreviations") if isinstance(card.get("abbreviations"), dict) else {}
+
+    def release_range(value, p: str) -> None:
+        if not _type_ok(value, "str"):
+            c.bad(p, "expected a release range such as 0.16-main or 0.19")
+            return
+        lo, _, hi = value.partition("-")
+        for end in (lo, hi or lo):
+            if end not in order:
+                c.bad(p, f"{end!r} is not one of the card's releases ({', '.join(order)})")
+        if lo in order and (hi or lo) in order and order.index(lo) > order.index(hi or lo):
+            c.bad(p, f"{value!r} runs backwards")
+
+    def location(value, p: str) -> None:
+        m = _LOCATION.match(value) if isinstance(value, str) else None
+        if not m:
+            c.bad(p, f"expected file:line, got {value!r}")
+        elif m.group(1) not in abbreviations and "/" not in m.group(1) and not m.group(1).endswith(".py"):
+            c.bad(p, f"{m.group(1)!r} is neither a file name nor a card abbreviation")
 
     def label(e: dict, p: str) -> None:
         c.field(e, "label", "str", p)
-        if c.field(e, "versions", "strlist", p):
-            if not e["versions"]:
-                c.bad(f"{p}.versions", "empty")
-            for v in set(e["versions"]) - versions:
-                c.bad(f"{p}.versions", f"{v!r} is not in the card's versions")
+        release_range(e.get("releases"), f"{p}.releases")
         for key in ("boundary", "mechanism", "replay_cost", "source"):
             c.field(e, key, "str", p)
         c.field(e, "applies_to", "strlist", p)
@@ -119,7 +139,7 @@ def validate(card: Any) -> list[str]:
         c.field(e, "contains", "strlist", p, required=False)
 
     def constraint(e: dict, p: str) -> None:
-        for key in ("id", "condition", "source", "fix"):
+        for key in ("id", "condition", "fix"):
             c.field(e, key, "str", p)
         # an upstream assert without a message is a real case, so '' is allowed here
         c.field(e, "message", "text", p)
@@ -127,11 +147,42 @@ def validate(card: Any) -> list[str]:
             c.bad(f"{p}.severity", f"{e['severity']!r} is not one of {sorted(SEVERITIES)}")
         if c.field(e, "kind", "str", p) and e["kind"] not in CONSTRAINT_KINDS:
             c.bad(f"{p}.kind", f"{e['kind']!r} is not one of {sorted(CONSTRAINT_KINDS)}")
-        if c.field(e, "versions", "strlist", p):
-            if not e["versions"]:
-                c.bad(f"{p}.versions", "empty")
-            for v in set(e["versions"]) - versions:
-                c.bad(f"{p}.versions", f"{v!r} is not in the card's versions")
+        if "raises" in e and e["raises"] not in EXCEPTIONS:
+            c.bad(f"{p}.raises", f"{e['raises']!r} is not one of {sorted(EXCEPTIONS)}")
+        if e.get("kind") == "config" and e.get("severity") == "error" and "raises" not in e:
+            c.bad(f"{p}.raises", "a config error names the exception megatron-core raises")
+        if c.field(e, "at", "map", p):
+            if not e["at"]:
+                c.bad(f"{p}.at", "empty: name every release it holds for")
+            for key, loc in e["at"].items():
+                if key not in order:
+                    c.bad(f"{p}.at", f"{key!r} is not one of the card's releases")
+                location(loc, f"{p}.at.{key}")
+        c.field(e, "params", "map", p, required=False)
+        if c.field(e, "changes", "list", p, required=False):
+            for j, ch in enumerate(e["changes"]):
+                cp = f"{p}.changes[{j}]"
+                if not isinstance(ch, dict) or ch.get("since") not in order:
+                    c.bad(cp, "needs since: one of the card's releases")
+                    continue
+                for key in set(ch) - {"since", "message", "raises", "params"}:
+                    c.bad(f"{cp}.{key}", "unknown change field (message, raises, params)")
+
+    def enum(name: str, rows) -> None:
+        if not isinstance(rows, list) or not rows:
+            c.bad(f"enums.{name}", "expected a list of {releases, values, source}")
+            return
+        for j, row in enumerate(rows):
+            ep = f"enums.{name}[{j}]"
+            if not isinstance(row, dict):
+                c.bad(ep, "expected a mapping")
+                continue
+            release_range(row.get("releases"), f"{ep}.releases")
+            c.field(row, "values", "strlist", ep)
+            c.field(row, "source", "str", ep)
+
+    for name, rows in (card.get("enums") or {}).items():
+        enum(name, rows)
 
     def evidence(e: dict, p: str) -> None:
         for key in ("id", "title", "source", "reading", "control"):

@@ -1,20 +1,57 @@
-"""Which `recompute_modules` labels exist in which megatron-core version.
+"""Which megatron-core release the tools reason about, how it was chosen, and what it accepts.
 
-The lists come from the card (`labels[].versions`); the version in force is the
-installed megatron-core's, read from package metadata without importing it.
+The card (`releases:`) lists the releases it holds facts for, oldest first: one key per minor
+release ("0.16" ... "0.19"; every patch of it shares its facts) and "main". Anything a user gives
+(`--mcore-version 0.19.2`, an installed package's version, a Bridge-pinned commit) resolves to
+one of those keys or is refused with the known ones listed.
+
+The default is the installed megatron-core, read from its package metadata without importing it
+(importing megatron pulls torch), else the newest release the card covers.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from functools import lru_cache
+from typing import Optional
 
 from mbridge_recompute.facts import card
 
-DEFAULT_VERSION = "0.16.1"
+
+@dataclass(frozen=True)
+class Release:
+    """A resolved release: the card key whose facts apply, what was asked for, and how."""
+    key: str                   # "0.16" ... "0.19", "main"
+    requested: str             # the version or commit that led here ("0.19.2", "cd4afff", "main")
+    how: str                   # one sentence: where the version came from
+
+    @property
+    def name(self) -> str:
+        """What a report calls it: the requested release, and the facts used when they differ."""
+        if self.requested == self.key:
+            return self.key
+        return f"{self.requested} (the {self.key} facts)"
+
+    def to_dict(self) -> dict:
+        return {"key": self.key, "requested": self.requested, "how": self.how}
+
+
+def keys() -> list[str]:
+    """The card's release keys, oldest first."""
+    return list(card.load()["releases"])
+
+
+def newest_release() -> str:
+    """The newest numbered release the card covers (not main)."""
+    return [k for k in keys() if k != "main"][-1]
+
+
+def meta(key: str) -> dict:
+    return card.load()["releases"][key]
 
 
 @lru_cache(maxsize=1)
-def installed_mcore_version() -> str | None:
+def installed_mcore_version() -> Optional[str]:
     """megatron-core's version from its metadata (no import: importing it pulls torch)."""
     from importlib import metadata
 
@@ -24,39 +61,97 @@ def installed_mcore_version() -> str | None:
         return None
 
 
-def known_versions() -> list[str]:
-    return list(card.load()["versions"])
+def _known_text() -> str:
+    rows = []
+    for k in keys():
+        m = meta(k)
+        rows.append(f"{k} ({', '.join(m['patches'])})" if m.get("patches") else f"{k} ({m['commit']})")
+    return "; ".join(rows)
 
 
-def resolve_version(version: str | None) -> str:
-    """Map any megatron-core version string onto a label set the card knows.
+def _refuse(text: str, field: str, why: str):
+    from mbridge_recompute.errors import InputError
 
-    0.16.x -> "0.16.1"; anything newer (0.17, 1.x, dev builds) -> "main"; the
-    card's own names pass through.
+    raise InputError(field, f"{why}: {text!r}; known: {_known_text()}")
+
+
+def resolve_version(text: Optional[str], field: str = "--mcore-version") -> str:
+    """The card key for a version string, a card key, or a pinned commit (InputError otherwise).
+
+    A patch maps to its minor release ("0.19.2" -> "0.19"); the version Megatron-LM main gives
+    itself (the card's `package_version` of main, "0.20.0", and its pre-releases) maps to "main".
     """
-    if not version:
-        return DEFAULT_VERSION
-    if version in known_versions():
-        return version
+    if text is None:
+        return target_version()
+    text = str(text).strip()
+    if text in keys():
+        return text
+    for pin in card.load().get("bridge_pins") or []:
+        commit = pin.get("commit")
+        if commit and len(text) >= 7 and commit.startswith(text.lower()):
+            return pin["facts"]
+    for k in keys():
+        if k == "main" and (text == meta(k)["commit"] or meta(k)["commit"].startswith(text.lower())):
+            return k
     from packaging.version import InvalidVersion, Version
 
     try:
-        v = Version(version)
+        v = Version(text)
     except InvalidVersion:
-        from mbridge_recompute.errors import InputError
+        _refuse(text, field, "not a megatron-core release, card release or pinned commit")
+    minor = f"{v.release[0]}.{v.release[1] if len(v.release) > 1 else 0}"
+    if minor in keys():
+        return minor
+    main = meta("main").get("package_version")
+    if main and Version(main).release[:2] == v.release[:2]:
+        return "main"    # Megatron-LM main names itself after the next release (package_info.py)
+    _refuse(text, field, "megatron-core release the card has no facts for")
 
-        raise InputError("--mcore-version", f"not a version: {version!r}; use one of "
-                         f"{', '.join(known_versions())} or a release number") from None
-    return DEFAULT_VERSION if v.release[:2] <= (0, 16) else "main"
+
+def target(requested: Optional[str] = None, field: str = "--mcore-version") -> Release:
+    """The release to reason about, and how it was chosen."""
+    if requested is not None:
+        return Release(resolve_version(requested, field), str(requested).strip(), f"{field} {requested}")
+    installed = installed_mcore_version()
+    if installed is not None:
+        try:
+            key = resolve_version(installed, "installed megatron-core")
+        except Exception:   # noqa: BLE001 - an installed release the card does not know
+            from mbridge_recompute.errors import InputError
+
+            raise InputError("--mcore-version", f"the installed megatron-core {installed} is a release "
+                                                f"the card has no facts for; pass --mcore-version, "
+                                                f"known: {_known_text()}") from None
+        return Release(key, installed, f"the installed megatron-core {installed} (package metadata)")
+    newest = newest_release()
+    return Release(newest, meta(newest)["newest"],
+                   f"no megatron-core installed here: the newest release the card covers, {meta(newest)['newest']}")
 
 
 def target_version() -> str:
-    return resolve_version(installed_mcore_version())
+    return target().key
+
+
+def in_range(key: str, spec: str) -> bool:
+    """Whether release `key` lies in `spec`: "0.19", "0.16-0.18" or "0.17-main"."""
+    order = keys()
+    lo, _, hi = spec.partition("-")
+    hi = hi or lo
+    return order.index(lo) <= order.index(key) <= order.index(hi)
 
 
 def labels_for(version: str) -> list[str]:
-    version = resolve_version(version)
-    return [e["label"] for e in card.load()["labels"] if version in e["versions"]]
+    key = resolve_version(version)
+    return [e["label"] for e in card.load()["labels"] if in_range(key, e["releases"])]
+
+
+def enum(name: str, version: str) -> list[str]:
+    """The values release `version` accepts for `name` (card `enums:`); [] when it has no such field."""
+    key = resolve_version(version)
+    for row in card.load()["enums"][name]:
+        if in_range(key, row["releases"]):
+            return list(row["values"])
+    return []
 
 
 def require_known(mods, version: str, field: str) -> None:
@@ -66,5 +161,7 @@ def require_known(mods, version: str, field: str) -> None:
     if unknown:
         from mbridge_recompute.errors import InputError
 
+        key = resolve_version(version)
+        named = key if str(version) == key else f"{version} (the {key} facts)"
         raise InputError(field, f"unknown label {unknown[0]!r} for megatron-core "
-                                f"{resolve_version(version)}; valid: {', '.join(allowed)}")
+                                f"{named}; valid: {', '.join(allowed)}")

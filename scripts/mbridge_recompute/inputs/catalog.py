@@ -11,10 +11,8 @@ from __future__ import annotations
 
 import copy
 from functools import lru_cache
-from pathlib import Path
 
 from mbridge_recompute import DATA_DIR
-
 from mbridge_recompute.errors import InputError
 
 MODELS_PATH = DATA_DIR / "models.yaml"

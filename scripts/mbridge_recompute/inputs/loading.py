@@ -16,12 +16,11 @@ import types
 import typing
 from functools import lru_cache
 from pathlib import Path
-
-from mbridge_recompute import DATA_DIR
 from typing import Any, Iterable
 
-from mbridge_recompute.facts import releases
+from mbridge_recompute import DATA_DIR
 from mbridge_recompute.errors import InputError
+from mbridge_recompute.facts import releases
 from mbridge_recompute.workload import FIELD_NAMES, FIELDS, Workload, section_fields
 
 DATA = DATA_DIR
@@ -114,9 +113,6 @@ _DTYPE_NAMES = {"float32": "fp32", "fp32": "fp32", "float": "fp32", "bfloat16": 
                 "uint8": "fp8", "fp8": "fp8"}
 _DTYPE_FIELDS = tuple(n for n, f in FIELDS.items() if f.metadata.get("kind") == "dtype")
 
-# CudaGraphScope names (transformer/enums.py:70-79 @ core_v0.16.1) plus the deprecated "full".
-CUDA_GRAPH_SCOPES = ("full", "full_iteration", "attn", "mlp", "moe", "moe_router", "moe_preprocess",
-                     "mamba")
 
 
 def _optional(hint) -> tuple[bool, Any]:
@@ -399,7 +395,7 @@ def load_workload(path: str | None = None, sets: Iterable[str] = (), model: str 
 
 def validate(w: Workload, version: str) -> None:
     """Consistency checks that make a workload meaningless (exit 2), not constraint findings."""
-    tp, pp = w.tensor_model_parallel_size, w.pipeline_model_parallel_size
+    tp = w.tensor_model_parallel_size
     if w.num_attention_heads % tp:
         raise InputError("model.tensor_model_parallel_size",
                          f"{tp} does not divide num_attention_heads={w.num_attention_heads}")
@@ -407,23 +403,22 @@ def validate(w: Workload, version: str) -> None:
         raise InputError("model.num_query_groups",
                          f"{w.num_query_groups} does not divide num_attention_heads="
                          f"{w.num_attention_heads}")
-    uneven = w.num_layers_in_first_pipeline_stage or w.num_layers_in_last_pipeline_stage
-    if not uneven and not w.hybrid_override_pattern and w.num_layers % pp:
-        raise InputError("model.pipeline_model_parallel_size",
-                         f"{pp} does not divide num_layers={w.num_layers}")
-    if w.virtual_pipeline_model_parallel_size and not uneven and \
-            w.num_layers % (pp * w.virtual_pipeline_model_parallel_size):
-        raise InputError("model.virtual_pipeline_model_parallel_size",
-                         f"pp*vpp={pp * w.virtual_pipeline_model_parallel_size} does not divide "
-                         f"num_layers={w.num_layers}")
-    scopes = w.cuda_graph_scope.split(",") if isinstance(w.cuda_graph_scope, str) \
-        else list(w.cuda_graph_scope or [])
-    unknown_scopes = [s for s in scopes if s.strip() not in CUDA_GRAPH_SCOPES]
-    if unknown_scopes:
-        # megatron-core would raise a bare KeyError (CudaGraphScope[name], tc:1711 @ core_v0.16.1)
-        raise InputError("model.cuda_graph_scope",
-                         f"unknown scope {unknown_scopes[0]!r}{_suggest(unknown_scopes[0].strip(), CUDA_GRAPH_SCOPES)}; "
-                         f"valid: {', '.join(CUDA_GRAPH_SCOPES)}")
+    # Where layers sit (and which splits megatron-core rejects) is placement.py's: a rejected
+    # split is a checker finding with megatron-core's message, not unusable input.
+    for field, name in (("model.cuda_graph_scope", "cuda_graph_scope"),
+                        ("model.cuda_graph_modules", "cuda_graph_modules")):
+        known = releases.enum(name, version)
+        given = getattr(w, name)
+        if given is None or not known:
+            continue      # not set, or not a field of this release (a checker finding)
+        names = [x.strip() for x in (given.split(",") if isinstance(given, str) else given)]
+        unknown = [x for x in names if x not in known]
+        if unknown:
+            # megatron-core raises a bare KeyError (CudaGraphScope[name], tc:1711 @ core_v0.16.1;
+            # CudaGraphModule[name], cgc:57 @ core_v0.18.2)
+            raise InputError(field, f"unknown name {unknown[0]!r}{_suggest(unknown[0], known)} for "
+                                    f"megatron-core {releases.resolve_version(version)}; valid: "
+                                    f"{', '.join(known)}")
     if w.num_microbatches > MAX_MICROBATCHES:
         raise InputError("train.global_batch_size",
                          f"{w.global_batch_size} makes {w.num_microbatches} micro-batches per step; "

@@ -35,8 +35,8 @@ from __future__ import annotations
 from typing import Optional
 
 from mbridge_recompute.logs import signatures
-from mbridge_recompute.logs.runlog import EXC_LINE, Run
 from mbridge_recompute.logs.oom import GIB, OOMEvent
+from mbridge_recompute.logs.runlog import EXC_LINE, Run
 from mbridge_recompute.output import GB
 
 RESERVED_OVER_ALLOCATED = 1.10      # "reserved >> allocated" in a memory report

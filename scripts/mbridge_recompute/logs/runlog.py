@@ -32,8 +32,7 @@ from pathlib import Path
 from typing import Iterable, Optional
 
 from mbridge_recompute.errors import InputError
-from mbridge_recompute.logs.oom import (  # noqa: F401 (GIB, OOMEvent, parse_oom re-exported)
-    GIB, MIB, Frame, OOMEvent, finite_or_none, oom_stage, parse_oom)
+from mbridge_recompute.logs.oom import GIB, MIB, Frame, OOMEvent, finite_or_none, oom_stage, parse_oom  # noqa: F401 (GIB, OOMEvent, parse_oom re-exported)
 from mbridge_recompute.output import GB
 
 # --- line prefixes added by launchers (torchrun --tee, PyTorch, srun --label, mpirun)

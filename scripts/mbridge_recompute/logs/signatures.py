@@ -152,27 +152,11 @@ RUNTIME: tuple = (
          "drop shared_experts from recompute_modules, or keep shared experts out of the local CUDA graph",
          "transformer/transformer_config.py:2908-2927 @ main (d98e8a6)"),
     # ---- mhc (Megatron-LM main only)
-    _sig("mhc-layer-num", "config",
-         "mhc_recompute_layer_num must be a positive integer when 'mhc' is in recompute_modules.",
-         "set mhc_recompute_layer_num >= 1", "transformer/transformer_config.py:2028-2051 @ main (d98e8a6)"),
-    _sig("mhc-with-fine-grained-offloading", "config",
-         "'mhc' in recompute_modules + fine_grained_activation_offloading is not yet supported. …",
-         "drop mhc from recompute_modules or disable fine_grained_activation_offloading",
-         "transformer/transformer_config.py:2028-2051 @ main (d98e8a6)"),
-    _sig("mhc-with-full-recompute", "config",
-         "enable_mhc_connections is not yet compatible with full activation recompute. Use selective recompute "
-         "with 'mhc' in recompute_modules, or disable activation recompute.",
-         "use recompute_granularity=selective with mhc in recompute_modules",
-         "transformer/transformer_config.py:2069-2074 @ main (d98e8a6)"),
     _sig("mhc-not-recomputed", "config",
          "HyperConnections are enabled but 'mhc' is not in recompute_modules with selective recompute. "
          "Consider adding 'mhc' …", "add mhc to recompute_modules (selective) if hyper-connection "
          "activations dominate", "transformer/transformer_config.py:2053-2060 @ main (d98e8a6)",
          severity="warning"),
-    _sig("gdp-qkv-offload-with-in-proj-recompute", "config",
-         "gdp_qkv cannot be set in offload_modules together with gdp_in_proj in recompute_modules, …",
-         "offload gdp_qkv or recompute gdp_in_proj, not both",
-         "transformer/transformer_config.py @ main (d98e8a6), offloading block"),
     # ---- Megatron-LM training arguments the card leaves out (megatron/training/arguments.py)
     _sig("checkpoint-activations-removed", "config",
          "--checkpoint-activations is no longer valid, use --recompute-activations, or, for more control, "
@@ -194,15 +178,16 @@ def card_signatures() -> tuple:
 
     out = []
     for c in card.constraints():
-        msg = (c.get("message") or "").strip()
-        if msg in _NOT_A_MESSAGE or len(msg) < 12:
-            continue
-        pattern, anchor = message_regex(msg)
         kind = "config" if c.get("kind") in ("config", "training-args") else "runtime"
-        out.append(Signature(id=c["id"], kind=kind, pattern=pattern, anchor=anchor, fix=c.get("fix", ""),
-                             source=c.get("source", ""), cause=c.get("condition", ""),
-                             severity=c.get("severity", "error"), constraint_id=c["id"],
-                             prefix=_distinctive_prefix(msg)))
+        for message, keys in card.message_variants(c["id"]):   # the text can differ by release
+            msg = (message or "").strip()
+            if msg in _NOT_A_MESSAGE or len(msg) < 12:
+                continue
+            pattern, anchor = message_regex(msg)
+            out.append(Signature(id=c["id"], kind=kind, pattern=pattern, anchor=anchor, fix=c.get("fix", ""),
+                                 source=card.citations(c["id"], keys), cause=c.get("condition", ""),
+                                 severity=c.get("severity", "error"), constraint_id=c["id"],
+                                 prefix=_distinctive_prefix(msg), message=msg))
     return tuple(out)
 
 
@@ -239,12 +224,18 @@ def _line_pairs(sigs: tuple) -> list:
     return pairs
 
 
+def _literal_length(s: Signature) -> int:
+    """How much fixed text a signature's message has: the more, the more specific."""
+    return len(re.sub(r"\{[^{}]*\}", "", s.message or ""))
+
+
 def match_line(line: str, sigs: tuple) -> Optional[Signature]:
-    """The first line signature (in `sigs` order) whose message is in `line`, or None."""
+    """The line signature whose message is in `line` (the most specific when several are:
+    'X should be divisible by Y' also matches a longer message), or None."""
     # the anchor test is a plain substring check: most lines fail it for every signature
-    for s in [s for a, s in _line_pairs(sigs) if a in line]:
-        if s.regex.search(line):
-            return s
+    hits = [s for a, s in _line_pairs(sigs) if a in line and s.regex.search(line)]
+    if hits:
+        return max(hits, key=_literal_length)    # max keeps the first of equals: `sigs` order
     # a quoted head without the message's tail: accept it only when one signature has that head
     heads = [s for _, s in _line_pairs(sigs) if s.prefix and s.prefix in line]
     return heads[0] if len(heads) == 1 else None

@@ -70,8 +70,8 @@ def workload_for(spec: dict, rec: dict):
 
 def _config(w):
     import torch
-    from megatron.core.transformer.transformer_config import TransformerConfig
     import torch.nn.functional as F
+    from megatron.core.transformer.transformer_config import TransformerConfig
 
     act = F.silu if w.activation_func == "silu" else F.gelu
     kw = dict(num_layers=w.num_layers, hidden_size=w.hidden_size,

@@ -24,10 +24,17 @@ from mbridge_recompute.memory.recompute import chunk_groups, layout_of, modules_
 from mbridge_recompute.memory.schedule import inflight_vectors
 from mbridge_recompute.memory.shape import Shape, shape_of
 from mbridge_recompute.memory.static import optimizer_state_bytes, rank_params, static_bytes
-from mbridge_recompute.memory.tensors import (checkpoint_bytes, embedding_tensors, largest_tensor,
-                                              layer_bytes, layer_components, layer_tensors,
-                                              logits_transient, output_tensors,
-                                              rotary_freqs_bytes)
+from mbridge_recompute.memory.tensors import (
+    checkpoint_bytes,
+    embedding_tensors,
+    largest_tensor,
+    layer_bytes,
+    layer_components,
+    layer_tensors,
+    logits_transient,
+    output_tensors,
+    rotary_freqs_bytes,
+)
 from mbridge_recompute.memory.types import DEFAULT_KNOBS, Knobs, MemoryEstimate, RankMemory
 
 NONE = frozenset()

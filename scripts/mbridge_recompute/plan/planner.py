@@ -15,8 +15,7 @@ from mbridge_recompute.plan.budget import budget_statement, gb_to_bytes, settle
 from mbridge_recompute.plan.labels import evaluate_labels
 from mbridge_recompute.plan.pricing import Pricer
 from mbridge_recompute.plan.report import Calibration, PlanReport
-from mbridge_recompute.plan.search import (full_settings, mark_dominated, order, recommend,
-                                           selective_settings)
+from mbridge_recompute.plan.search import full_settings, mark_dominated, order, recommend, selective_settings
 from mbridge_recompute.setting import RecomputeSetting
 
 NEGLIGIBLE_FRACTION = 1e-3    # a label saving under 0.1 % of the control's peak cannot change a fit
@@ -31,33 +30,36 @@ def workload_summary(w, setting: RecomputeSetting) -> dict:
             "gpu_memory_gb": w.gpu_memory_gb, "recompute": setting.describe()}
 
 
-def _refused(w, version: str, budget: int, assumptions: list, top) -> PlanReport:
+def _refused(w, release, budget: int, assumptions: list, top) -> PlanReport:
     """A pipeline split megatron-core rejects: nothing to price, the findings say why."""
     from mbridge_recompute.rules import check_workload
 
-    report = check_workload(w, validator="builtin", version=version)
+    report = check_workload(w, validator="builtin", version=release)
     errors = [f for f in report["findings"] if f["severity"] == "error"]
-    problems = ", ".join(p.cid for p in place(w, version).problems)
+    problems = ", ".join(p.cid for p in place(w, release.key).problems)
     return PlanReport(workload=workload_summary(w, RecomputeSetting.from_workload(w)),
                       budget_bytes=budget, estimate=None, labels=[], candidates=[], current=None,
                       recommendation=None, fits=False,
                       diagnosis=(f"megatron-core rejects this pipeline split ({problems}); "
                                  "fix the layer placement first"),
-                      calibration=None, workload_findings=errors, assumptions=assumptions, top=top)
+                      calibration=None, workload_findings=errors, assumptions=assumptions, top=top,
+                      release=release)
 
 
 def plan(w, budget_gb: Optional[float] = None, measured_peak_gb: Optional[float] = None,
-         measured_source: str = "--measured-peak-gb", version: Optional[str] = None,
+         measured_source: str = "--measured-peak-gb", version=None,
          top: Optional[int] = None) -> PlanReport:
-    """The whole planning report for workload `w` on megatron-core `version`."""
+    """The whole planning report for workload `w` on megatron-core `version` (a
+    `releases.Release`, a release string, or None for the installed / newest one)."""
     from mbridge_recompute import memory
     from mbridge_recompute.facts import releases
 
-    version = releases.resolve_version(version) if version else releases.target_version()
+    release = version if isinstance(version, releases.Release) else releases.target(version)
+    version = release.key
     budget, budget_text = budget_statement(w, budget_gb)
     measured_bytes = None if measured_peak_gb is None else gb_to_bytes(measured_peak_gb, measured_source)
     if not place(w, version).ok:
-        return _refused(w, version, budget, [budget_text], top)
+        return _refused(w, release, budget, [budget_text], top)
 
     current = memory.estimate(w)
     pricer = Pricer(w, version)
@@ -129,7 +131,7 @@ def plan(w, budget_gb: Optional[float] = None, measured_peak_gb: Optional[float]
         diagnosis=None if fits else diagnose_no_fit(current, rec, budget),
         calibration=calibration,
         workload_findings=[f for f in pricer.baseline["findings"] if f["severity"] == "error"],
-        assumptions=assumptions, top=top)
+        assumptions=assumptions, top=top, release=release)
 
 
 def diagnose_no_fit(current, rec, budget: int) -> str:

@@ -125,6 +125,7 @@ class PlanReport:
     workload_findings: list           # error findings under every setting (fix the workload first)
     assumptions: list
     top: Optional[int] = None         # --top: frontier points shown and sweep neighbours
+    release: object = None            # facts.releases.Release the plan was made for
     extra: dict = field(default_factory=dict)   # set by the command: model_source, plot
 
     NEIGHBOURS = 2                    # sweep neighbours of the recommendation without --top
@@ -169,6 +170,9 @@ class PlanReport:
             rec.update({"fits": self.fits, "budget_bytes": self.budget_bytes,
                         "snippets": render_all(self.recommendation.setting), "caveat": CAVEAT})
         out = {
+            "version": self.release.requested if self.release else None,
+            "facts": self.release.key if self.release else None,
+            "release": self.release.to_dict() if self.release else None,
             "workload": dict(self.workload),
             "budget_bytes": self.budget_bytes,
             "ranks": [r.as_dict() for r in self.estimate.ranks] if self.estimate is not None else [],

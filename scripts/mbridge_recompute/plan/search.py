@@ -7,8 +7,9 @@ Candidates:
   `shared_experts`, card.yaml `contains`);
 - full recompute `uniform:N` and `block:N`, sized against the model chunks of
   `placement.place` (recompute_num_layers counts per chunk, transformer_block.py:326
-  @ core_v0.16.1). 0.16.1 needs uniform N to divide every chunk (IndexError otherwise,
-  tb:532-542 @ core_v0.16.1); main clamps the last group (recompute.py:157-166 @ d98e8a6).
+  @ core_v0.16.1). Where the card says uniform N must divide every chunk (0.16: IndexError,
+  tb:532-542 @ core_v0.16.1) only divisors are searched; later releases clamp the last group
+  (recompute.py:158-164 @ core_v0.19.0).
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ MAX_SUBSET_LABELS = 10        # beyond this many useful labels, subsets are capp
 
 def full_settings(w, version: Optional[str] = None) -> list[RecomputeSetting]:
     """uniform:N and block:N candidates for the model chunks of `w`."""
-    from mbridge_recompute.facts import releases
+    from mbridge_recompute.facts import card, releases
 
     chunks = place(w, version).chunk_sizes
     if not chunks:
@@ -34,7 +35,9 @@ def full_settings(w, version: Optional[str] = None) -> list[RecomputeSetting]:
     g = 0
     for c in chunks:
         g = math.gcd(g, c)
-    if releases.resolve_version(version or releases.target_version()) == "0.16.1":
+    key = releases.resolve_version(version) if version else releases.target_version()
+    if card.holds("uniform-num-layers-not-dividing-chunk", key):
+        # this release raises IndexError when the group runs past the chunk
         uniform = [RecomputeSetting.full("uniform", n) for n in range(1, g + 1) if g % n == 0]
     else:
         uniform = [RecomputeSetting.full("uniform", n) for n in range(1, max(chunks) + 1)]

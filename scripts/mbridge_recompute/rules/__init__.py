@@ -29,13 +29,15 @@ from typing import Optional
 VALIDATORS = ("auto", "live", "builtin")
 
 
-def check_workload(w, validator: str = "builtin", version: Optional[str] = None,
+def check_workload(w, validator: str = "builtin", version=None,
                    te_version: Optional[str] = None) -> dict:
     """Check a Workload against every known recompute constraint.
 
-    `version`: "0.16.1" / "main" / a release number; default: the installed
-    megatron-core's, else 0.16.1. `te_version`: Transformer Engine on the
-    training nodes if known (default: the workload's `te_version`).
+    `version`: a `releases.Release`, a release number, card key or pinned commit; default:
+    the installed megatron-core's, else the newest release the card covers. `te_version`:
+    Transformer Engine on the training nodes if known (default: the workload's `te_version`).
+    The report names the release (`version`), the facts used (`facts`) and how it was chosen
+    (`release.how`).
     """
     from mbridge_recompute.facts import releases
 
@@ -43,22 +45,26 @@ def check_workload(w, validator: str = "builtin", version: Optional[str] = None,
         from mbridge_recompute.errors import InputError
 
         raise InputError("--validator", f"must be one of {', '.join(VALIDATORS)}, got {validator!r}")
+    release = version if isinstance(version, releases.Release) else releases.target(version)
     if validator == "auto":
-        from mbridge_recompute.rules.live import mcore_available
-
         installed = releases.installed_mcore_version()
-        same = version is None or (installed is not None
-                                   and releases.resolve_version(version) == releases.resolve_version(installed))
-        # live answers only for the installed version; another target version gets the table
-        validator = "live" if mcore_available() and same else "builtin"
+        same = installed is not None and (
+            version is None or release.key == releases.resolve_version(installed, "installed megatron-core"))
+        # live answers only for the installed release; another target release gets the table
+        validator = "live" if same else "builtin"
     if validator == "live":
         from mbridge_recompute.rules import live
 
-        return live.check(w, version=version, te_version=te_version)
-    from mbridge_recompute.rules import builtin
+        installed = releases.installed_mcore_version()
+        report = live.check(w, version=None if version is None else release.key, te_version=te_version)
+        release = releases.Release(report["version"], installed,
+                                   f"the installed megatron-core {installed} (its TransformerConfig decided)")
+    else:
+        from mbridge_recompute.rules import builtin
 
-    v = releases.resolve_version(version) if version else releases.target_version()
-    return builtin.check(w, version=v, te_version=te_version)
+        report = builtin.check(w, version=release.key, te_version=te_version)
+    report.update(version=release.requested, facts=release.key, release=release.to_dict())
+    return report
 
 
 def errors_only(report: dict) -> list[dict]:

@@ -4,20 +4,23 @@ No torch, no megatron: this is what `check --validator builtin` runs, and what
 the live validator adds for everything `TransformerConfig` cannot see
 (training arguments, runtime-only failures, silent no-ops).
 
-Each rule is registered under a card id (`card.yaml` holds its message,
-severity, fix and citation). Config rules also carry `order`: their position in
-megatron-core 0.16.1's `__post_init__` (model_parallel_config first, then
-transformer_config line numbers). `__post_init__` stops at the first failing
-check, so when several config rules fail, the lowest order is the one
-megatron-core raises; `Evaluation.first_error` names it.
+Each rule is registered under a card id; the card holds its message, severity,
+exception, fix, the releases it holds for and, per release, where it sits
+(`at`). A rule runs only for a release the card says it holds for, and reads
+what differs between releases from the card (`params`, `enums`), never from a
+version comparison here. `__post_init__` stops at the first failing check, so
+when several config rules fail, the one earliest in that release's
+`__post_init__` (`card.order_in`) is the one megatron-core raises;
+`Evaluation.first_error` names it.
 
 Transformer Engine. Three checks call `is_te_min_version` (tc:1248, 1601, 1607
 @ core_v0.16.1). With a known TE version they decide like megatron-core on the
 training nodes. With the version unknown they are reported as warnings (the
 intended rule). With `assume_te_absent=True` -- used to predict what the
 installed megatron-core raises on a machine without TE -- they fail the way
-0.16.1 does there: `TypeError` ('>=' between None and Version); main reports
-version 0.0.0 and raises the intended ValueError.
+that release does there: 0.16 raises `TypeError` ('>=' between None and
+Version); later releases report version 0.0.0 and raise the intended ValueError
+(card `releases.<key>.te_version_without_te`).
 """
 
 from __future__ import annotations
@@ -25,38 +28,35 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Callable, Optional
 
+from mbridge_recompute.facts import card, releases
 from mbridge_recompute.placement import place
-from mbridge_recompute.rules.findings import constraint, finding, report
+from mbridge_recompute.rules.findings import finding, report
 
 # Values of `te_version` that mean "Transformer Engine is not installed there".
 TE_ABSENT = frozenset({"none", "absent", "no", "missing", "0", "0.0.0"})
-
-# Position of the moe_layer_recompute override in __post_init__ (tc:1264-1266 @ core_v0.16.1):
-# checks after it see granularity "selective" and "moe" appended.
-MOE_LAYER_OVERRIDE_ORDER = 1264
+# Modules fine-grained offloading may move inside a MoE layer (tc:1874-1884 @ core_v0.19.0).
+MOE_INTERNALS = ("moe_act", "expert_fc1", "fused_group_mlp")
 
 
 @dataclass
 class Hit:
     detail: str
     severity: Optional[str] = None     # override the card's severity
-    raises: Optional[str] = None       # override the rule's exception type
+    raises: Optional[str] = None       # override the card's exception type
 
 
 @dataclass(frozen=True)
 class Rule:
     id: str
     fn: Callable[["State"], Optional[Hit]]
-    order: Optional[float] = None      # config rules: position in __post_init__
-    raises: Optional[str] = None       # config rules: exception type megatron-core raises
 
 
 RULES: list[Rule] = []
 
 
-def rule(cid: str, order: Optional[float] = None, raises: Optional[str] = None):
+def rule(cid: str):
     def register(fn):
-        RULES.append(Rule(cid, fn, order, raises))
+        RULES.append(Rule(cid, fn))
         return fn
     return register
 
@@ -67,7 +67,7 @@ def rule_ids() -> set[str]:
 
 # ------------------------------------------------------------------ state
 class State:
-    """The workload as `__post_init__` sees it, plus derived facts the rules share."""
+    """The workload as `__post_init__` of release `version` sees it, plus derived facts the rules share."""
 
     def __init__(self, w, version: str, te_version: Optional[str], assume_te_absent: bool):
         self.w = w
@@ -79,8 +79,12 @@ class State:
         self.te = None if self.te_absent or te is None else _parse_version(str(te))
         self.after_override = False
         self.extra = dict(w.extra_model or {})
-        self.scopes = _normalise_scopes(w.cuda_graph_scope, w.cuda_graph_impl)
+        self.has_modules_field = bool(releases.enum("cuda_graph_modules", version))
+        self.impl, self.scopes, self.migrated_full_iteration = _capture(w, self.has_modules_field)
         self.placement = place(w, version)
+
+    def params(self, cid: str) -> dict:
+        return card.constraint_at(cid, self.version)["params"]
 
     def chunk_sizes(self) -> list[int]:
         """Distinct layer counts of the model chunks (empty when the split is rejected)."""
@@ -110,19 +114,23 @@ class State:
 
     @property
     def graphs(self) -> bool:
-        return self.w.cuda_graph_impl not in (None, "none")
+        return self.impl not in (None, "none")
 
     @property
-    def full_cudagraph(self) -> bool:
-        # tc:1798-1804 @ core_v0.16.1: whole-layer (empty scope) or full-iteration capture
-        return not self.scopes or self.full_iteration
+    def per_layer_graphs(self) -> bool:
+        """Per-layer capture (local or TE), where scopes name what is captured."""
+        return self.impl in ("local", "transformer_engine")
 
     @property
     def full_iteration(self) -> bool:
-        """Full-iteration capture: 0.16.1 scope [full_iteration]; main also impl=full_iteration."""
-        if self.version != "0.16.1" and self.w.cuda_graph_impl == "full_iteration":
-            return True
-        return "full_iteration" in self.scopes
+        """Full-iteration capture: impl full_iteration (0.18+) or a [full_iteration] scope (0.16/0.17)."""
+        return self.impl == "full_iteration" or "full_iteration" in self.scopes
+
+    @property
+    def full_cudagraph(self) -> bool:
+        # whole-layer (empty scope) or full-iteration capture (tc:1798-1804 @ core_v0.16.1,
+        # tc:2317-2320 @ core_v0.18.2)
+        return not self.scopes or self.full_iteration
 
     @property
     def moe_layers(self) -> int:
@@ -145,9 +153,9 @@ class State:
         return self.te >= _parse_version(minimum)
 
     def te_shown(self) -> str:
-        """What megatron-core prints as 'your version' (main: 0.0.0 without TE)."""
+        """What megatron-core prints as 'your version' (0.17+: 0.0.0 without TE)."""
         if self.te_absent:
-            return "None" if self.version == "0.16.1" else "0.0.0"
+            return str(releases.meta(self.version)["te_version_without_te"])
         return str(self.te_raw)
 
 
@@ -160,27 +168,44 @@ def _parse_version(text: str):
         return None
 
 
-def _normalise_scopes(scope, impl) -> list[str]:
-    """cuda_graph_scope as __post_init__ leaves it (tc:1689-1736 @ core_v0.16.1)."""
-    if scope is None:
-        scopes: list[str] = []
-    elif isinstance(scope, str):
-        scopes = [s.strip() for s in scope.split(",") if s.strip()]
+def _names(value) -> list[str]:
+    if value is None:
+        return []
+    if isinstance(value, str):
+        return [x.strip() for x in value.split(",") if x.strip()]
+    return [str(x) for x in value]
+
+
+def _capture(w, has_modules_field: bool) -> tuple:
+    """(effective cuda_graph_impl, capture scopes, full_iteration migrated) as __post_init__ leaves them.
+
+    0.16/0.17 read cuda_graph_scope ("full" = the whole layer, tc:1689-1736 @ core_v0.16.1).
+    0.18+ read cuda_graph_modules, copy a deprecated cuda_graph_scope into it, and turn a
+    full_iteration entry into cuda_graph_impl="full_iteration" -- even when graphs were off
+    (tc:2159-2219 @ core_v0.18.2).
+    """
+    impl = w.cuda_graph_impl
+    if has_modules_field:
+        given = w.cuda_graph_scope if w.cuda_graph_scope is not None else w.cuda_graph_modules
     else:
-        scopes = [str(s) for s in scope]
-    if "full" in scopes:
-        scopes = []   # "full" == whole layer, deprecated spelling of []
+        given = w.cuda_graph_scope
+    scopes = [x for x in _names(given) if x != "full"]
+    migrated = False
+    if has_modules_field:
+        if "full_iteration" in scopes:
+            scopes = [x for x in scopes if x != "full_iteration"]
+            if impl in ("none", "local", "full_iteration"):
+                impl, migrated = "full_iteration", True
+        scopes = [x for x in scopes if x != "full_iteration_inference"]
     if impl == "local" and ("moe_router" in scopes or "moe_preprocess" in scopes):
-        # local graphs do not tell router from preprocess: both are set (tc:1725-1735)
-        for s in ("moe_router", "moe_preprocess"):
-            if s not in scopes:
-                scopes.append(s)
-    return scopes
+        # local graphs do not tell router from preprocess: both are set (tc:1725-1735 @ core_v0.16.1)
+        for x in ("moe_router", "moe_preprocess"):
+            if x not in scopes:
+                scopes.append(x)
+    return impl, scopes, migrated
 
 
 def _labels_allowed(version: str) -> list[str]:
-    from mbridge_recompute.facts import releases
-
     return releases.labels_for(version)
 
 
@@ -191,13 +216,13 @@ def _fmt(labels) -> str:
 # ================================================================== config rules
 # In the order of megatron-core 0.16.1 __post_init__ (ModelParallelConfig first).
 
-@rule("sp-needs-tp", order=1, raises="ValueError")
+@rule("sp-needs-tp")
 def _sp_needs_tp(s: State):
     if s.w.sequence_parallel and s.w.tensor_model_parallel_size <= 1:
         return Hit("sequence_parallel=true with tensor_model_parallel_size=1")
 
 
-@rule("ep-tp-without-sp", order=2)
+@rule("ep-tp-without-sp")
 def _ep_tp_without_sp(s: State):
     w = s.w
     if w.expert_model_parallel_size > 1 and w.tensor_model_parallel_size > 1 and not w.sequence_parallel:
@@ -205,15 +230,15 @@ def _ep_tp_without_sp(s: State):
                    "without sequence_parallel")
 
 
-@rule("shared-expert-overlap-needs-alltoall", order=1090, raises="ValueError")
+@rule("shared-expert-overlap-needs-alltoall")
 def _shared_overlap_dispatcher(s: State):
     w = s.w
-    ok = ("alltoall",) if s.version == "0.16.1" else ("alltoall", "flex")
+    ok = s.params("shared-expert-overlap-needs-alltoall")["dispatchers"]
     if s.has_shared_experts and w.moe_shared_expert_overlap and w.moe_token_dispatcher_type not in ok:
         return Hit(f"moe_shared_expert_overlap with the {w.moe_token_dispatcher_type} dispatcher")
 
 
-@rule("cpu-offloading-layer-count", order=1137, raises="ValueError")
+@rule("cpu-offloading-layer-count")
 def _cpu_off_layers(s: State):
     w = s.w
     if w.cpu_offloading and not 0 <= w.cpu_offloading_num_layers < w.num_layers:
@@ -221,26 +246,26 @@ def _cpu_off_layers(s: State):
                    f"num_layers={w.num_layers}")
 
 
-@rule("cpu-offloading-with-pp", order=1144, raises="ValueError")
+@rule("cpu-offloading-with-pp")
 def _cpu_off_pp(s: State):
     if s.w.cpu_offloading and s.w.pipeline_model_parallel_size > 1:
         return Hit(f"cpu_offloading with pipeline_model_parallel_size={s.w.pipeline_model_parallel_size}")
 
 
-@rule("cpu-offloading-with-recompute", order=1149, raises="ValueError")
+@rule("cpu-offloading-with-recompute")
 def _cpu_off_recompute(s: State):
     if s.w.cpu_offloading and s.w.recompute_granularity is not None:
         return Hit(f"cpu_offloading with recompute_granularity={s.w.recompute_granularity}")
 
 
-@rule("granularity-invalid", order=1155, raises="ValueError")
+@rule("granularity-invalid")
 def _granularity_invalid(s: State):
     g = s.w.recompute_granularity
     if g is not None and g not in ("full", "selective"):
         return Hit(f"recompute_granularity={g!r}")
 
 
-@rule("method-invalid", order=1161, raises="ValueError")
+@rule("method-invalid")
 def _method_invalid(s: State):
     w = s.w
     if w.recompute_granularity is not None and w.recompute_method is not None \
@@ -248,35 +273,35 @@ def _method_invalid(s: State):
         return Hit(f"recompute_method={w.recompute_method!r}")
 
 
-@rule("full-needs-method", order=1166, raises="ValueError")
+@rule("full-needs-method")
 def _full_needs_method(s: State):
     w = s.w
     if w.recompute_granularity not in (None, "selective") and w.recompute_method is None:
         return Hit(f"recompute_granularity={w.recompute_granularity} without recompute_method")
 
 
-@rule("full-needs-num-layers", order=1172, raises="ValueError")
+@rule("full-needs-num-layers")
 def _full_needs_num_layers(s: State):
     w = s.w
     if w.recompute_granularity not in (None, "selective") and w.recompute_num_layers is None:
         return Hit(f"recompute_granularity={w.recompute_granularity} without recompute_num_layers")
 
 
-@rule("selective-with-num-layers", order=1179, raises="ValueError")
+@rule("selective-with-num-layers")
 def _selective_num_layers(s: State):
     w = s.w
     if w.recompute_granularity == "selective" and w.recompute_num_layers is not None:
         return Hit(f"selective recompute with recompute_num_layers={w.recompute_num_layers}")
 
 
-@rule("distribute-saved-activations-with-sp", order=1187, raises="ValueError")
+@rule("distribute-saved-activations-with-sp")
 def _distribute_sp(s: State):
     w = s.w
     if w.recompute_granularity is not None and w.distribute_saved_activations and w.sequence_parallel:
         return Hit("distribute_saved_activations with sequence_parallel")
 
 
-@rule("modules-invalid-label", order=1207, raises="AssertionError")
+@rule("modules-invalid-label")
 def _invalid_label(s: State):
     if s.g != "selective" or len(s.mods) == 0:
         return None
@@ -288,25 +313,27 @@ def _invalid_label(s: State):
                    f"valid: {_fmt(allowed)}")
 
 
-@rule("moe-act-needs-grouped-gemm", order=1213, raises="ValueError")
+@rule("moe-act-needs-grouped-gemm")
 def _moe_act_grouped(s: State):
     if s.selective("moe_act") and not s.w.moe_grouped_gemm:
         return Hit("moe_act with moe_grouped_gemm=false")
 
 
-@rule("mla-up-proj-needs-mla", order=1218, raises="ValueError")
+@rule("mla-up-proj-needs-mla")
 def _mla_up_proj(s: State):
     if s.selective("mla_up_proj") and not s.w.multi_latent_attention:
         return Hit("mla_up_proj on a model without multi_latent_attention")
 
 
-@rule("gdn-norm-out-needs-gdn", order=1220, raises="ValueError")
+@rule("gdn-norm-out-needs-gdn")
 def _gdn_norm_out(s: State):
-    if s.selective("gdn_norm_out") and s.w.experimental_attention_variant not in ("gdn", "gdn2"):
-        return Hit("gdn_norm_out without experimental_attention_variant gdn/gdn2")
+    variants = s.params("gdn-norm-out-needs-gdn")["variants"]
+    if s.selective("gdn_norm_out") and s.w.experimental_attention_variant not in variants:
+        return Hit(f"gdn_norm_out with experimental_attention_variant="
+                   f"{s.w.experimental_attention_variant!r} (this release needs {' or '.join(variants)})")
 
 
-@rule("core-attn-fused-attention", order=1224)
+@rule("core-attn-fused-attention")
 def _core_attn_warning(s: State):
     if not s.selective("core_attn"):
         return None
@@ -319,20 +346,20 @@ def _core_attn_warning(s: State):
                "(code reading)")
 
 
-@rule("shared-experts-with-shared-expert-overlap", order=1232, raises="ValueError")
+@rule("shared-experts-with-shared-expert-overlap")
 def _shared_experts_overlap(s: State):
     if s.selective("shared_experts") and s.has_shared_experts and s.w.moe_shared_expert_overlap:
         return Hit("shared_experts with moe_shared_expert_overlap")
 
 
-@rule("fp8-delayed-moe-act-layernorm", order=1241, raises="ValueError")
+@rule("fp8-delayed-moe-act-layernorm")
 def _fp8_delayed(s: State):
     hit = s.selective("moe_act", "layernorm")
     if s.w.fp8 and hit and s.w.fp8_recipe == "delayed":
         return Hit(f"{_fmt(hit)} with fp8 and fp8_recipe=delayed")
 
 
-@rule("fp8-moe-act-layernorm-needs-te-2-6", order=1248, raises="ValueError")
+@rule("fp8-moe-act-layernorm-needs-te-2-6")
 def _fp8_te26(s: State):
     hit = s.selective("moe_act", "layernorm")
     if not (s.w.fp8 and hit and s.w.fp8_recipe != "delayed"):
@@ -347,27 +374,46 @@ def _te_gate(s: State, minimum: str, what: str) -> Optional[Hit]:
     if ok is None:
         return Hit(f"{what} needs Transformer Engine >= {minimum}; the TE version on the training "
                    "nodes is unknown (set cluster.te_version)", severity="warning")
-    if s.te_absent and s.version == "0.16.1":
-        return Hit(f"{what}: Transformer Engine is not installed, and megatron-core 0.16.1 then raises "
+    if s.te_absent and releases.meta(s.version)["te_version_without_te"] is None:
+        return Hit(f"{what}: Transformer Engine is not installed, and megatron-core 0.16 then raises "
                    "TypeError ('>=' not supported between 'NoneType' and 'Version') instead of the "
                    f"intended check (needs TE >= {minimum})", raises="TypeError")
     return Hit(f"{what} needs Transformer Engine >= {minimum}, have {s.te_shown()}")
 
 
-@rule("mhc-needs-mhc-connections", order=1266.5, raises="ValueError")
+@rule("mhc-needs-mhc-connections")
 def _mhc_needs(s: State):
-    # main tc:2028-2051 @ d98e8a6; the field is not in 0.16.1, so it arrives via extra_model
+    # the field exists on main only, so it arrives via extra_model
     if s.selective("mhc") and not s.extra.get("enable_mhc_connections", False):
         return Hit("mhc without enable_mhc_connections")
 
 
-@rule("mhc-with-mlp", order=1266.6, raises="ValueError")
+@rule("mhc-with-mlp")
 def _mhc_mlp(s: State):
     if s.selective("mhc") and s.selective("mlp") and s.extra.get("enable_mhc_connections", False):
         return Hit("mhc together with mlp")
 
 
-@rule("moe-layer-recompute-deprecated", order=1255)
+@rule("mhc-recompute-layer-num-positive")
+def _mhc_layer_num(s: State):
+    n = s.extra.get("mhc_recompute_layer_num")
+    if s.selective("mhc") and n is not None and (isinstance(n, bool) or not isinstance(n, int) or n < 1):
+        return Hit(f"mhc recompute with mhc_recompute_layer_num={n!r}")
+
+
+@rule("mhc-with-fine-grained-offloading")
+def _mhc_offload(s: State):
+    if s.selective("mhc") and s.w.fine_grained_activation_offloading:
+        return Hit("mhc recompute with fine-grained activation offloading")
+
+
+@rule("mhc-with-full-recompute")
+def _mhc_full(s: State):
+    if s.extra.get("enable_mhc_connections") and s.g == "full":
+        return Hit("hyper-connections with full recompute")
+
+
+@rule("moe-layer-recompute-deprecated")
 def _moe_layer_recompute_deprecated(s: State):
     if not s.w.moe_layer_recompute:
         return None
@@ -380,77 +426,74 @@ def _moe_layer_recompute_deprecated(s: State):
                + (" - core_attn included, from the default" if before is None else ""))
 
 
-@rule("moe-layer-recompute-with-full", order=1260, raises="ValueError")
+@rule("moe-layer-recompute-with-full")
 def _moe_layer_recompute_full(s: State):
     if s.w.moe_layer_recompute and s.w.recompute_granularity == "full":
         return Hit("moe_layer_recompute with full recompute")
 
 
 # The pipeline split: placement.py decides it (the one home of layer placement); these rules
-# report what it rejects. Orders are the lines of tc:1294-1480 @ core_v0.16.1.
-def _placement_rule(cid: str, order: Optional[float] = None, raises: Optional[str] = None):
+# report what it rejects, each where the card puts it in its release.
+PLACEMENT_RULES = (
+    "uneven-pp-with-pipeline-split-accounting", "uneven-first-stage-not-positive",
+    "uneven-first-stage-not-divisible-by-vpp", "uneven-last-stage-not-positive",
+    "uneven-last-stage-not-divisible-by-vpp", "uneven-middle-mismatch", "uneven-middle-not-divisible",
+    "uneven-middle-not-divisible-by-vpp", "pipeline-split-accounting-not-divisible",
+    "pipeline-split-accounting-not-divisible-with-vpp", "pipeline-split-accounting-not-divisible-by-vpp",
+    "pp-does-not-divide-layers", "vpp-does-not-divide-stage-layers",
+    "pipeline-split-accounting-leaves-no-first-layers", "pipeline-split-accounting-leaves-no-last-layers",
+    "hybrid-no-interleaving", "hybrid-pp-drops-layers")
+
+
+def _placement_rule(cid: str):
     def check(s: State) -> Optional[Hit]:
         for problem in s.placement.problems:
             if problem.cid == cid:
                 return Hit(problem.detail)
         return None
-    RULES.append(Rule(cid, check, order, raises))
+    RULES.append(Rule(cid, check))
 
 
-for _cid, _order in (("uneven-pp-with-pipeline-split-accounting", 1294),
-                     ("uneven-first-stage-not-positive", 1368),
-                     ("uneven-first-stage-not-divisible-by-vpp", 1371),
-                     ("uneven-last-stage-not-positive", 1387),
-                     ("uneven-last-stage-not-divisible-by-vpp", 1390),
-                     ("uneven-middle-mismatch", 1405),
-                     ("uneven-middle-not-divisible", 1412),
-                     ("uneven-middle-not-divisible-by-vpp", 1420),
-                     ("pipeline-split-accounting-not-divisible", 1447),
-                     ("pipeline-split-accounting-not-divisible-with-vpp", 1460),
-                     ("pipeline-split-accounting-not-divisible-by-vpp", 1470)):
-    _placement_rule(_cid, _order, "ValueError")
-for _cid in ("pp-does-not-divide-layers", "vpp-does-not-divide-stage-layers",
-             "pipeline-split-accounting-leaves-no-first-layers",
-             "pipeline-split-accounting-leaves-no-last-layers", "hybrid-no-interleaving",
-             "hybrid-pp-drops-layers"):
+for _cid in PLACEMENT_RULES:
     _placement_rule(_cid)
 
 
-@rule("fine-grained-offloading-with-cpu-offloading", order=1268, raises="AssertionError")
+@rule("fine-grained-offloading-with-cpu-offloading")
 def _fg_cpu(s: State):
     if s.w.fine_grained_activation_offloading and s.w.cpu_offloading:
         return Hit("fine_grained_activation_offloading with cpu_offloading")
 
 
-@rule("fine-grained-offloading-needs-modules", order=1272, raises="AssertionError")
+@rule("fine-grained-offloading-needs-modules")
 def _fg_empty(s: State):
     if s.w.fine_grained_activation_offloading and not s.w.offload_modules:
         return Hit("fine_grained_activation_offloading with an empty offload_modules")
 
 
-_OFFLOAD_LABELS = {
-    "0.16.1": ("core_attn", "attn_proj", "expert_fc1", "moe_act", "attn_norm", "mlp_norm", "qkv_linear"),
-    "main": ("core_attn", "attn_proj", "expert_fc1", "moe_act", "attn_norm", "mlp_norm", "qkv_linear",
-             "fused_group_mlp", "gdp_qkv"),
-}
-
-
-@rule("offload-modules-invalid", order=1273, raises="AssertionError")
+@rule("offload-modules-invalid")
 def _fg_invalid(s: State):
     if s.w.fine_grained_activation_offloading and s.w.offload_modules:
-        bad = sorted(set(s.w.offload_modules) - set(_OFFLOAD_LABELS[s.version]))
+        allowed = releases.enum("offload_modules", s.version)
+        bad = sorted(set(s.w.offload_modules) - set(allowed))
         if bad:
-            return Hit(f"unknown offload_modules {_fmt(bad)}; valid: {_fmt(_OFFLOAD_LABELS[s.version])}")
+            return Hit(f"unknown offload_modules {_fmt(bad)}; valid: {_fmt(allowed)}")
 
 
-@rule("offload-attn-proj-without-core-attn", order=1287, raises="ValueError")
+@rule("offload-attn-proj-without-core-attn")
 def _fg_attn_proj(s: State):
     mods = s.w.offload_modules or []
     if s.w.fine_grained_activation_offloading and "attn_proj" in mods and "core_attn" not in mods:
         return Hit("offload_modules has attn_proj without core_attn")
 
 
-@rule("moe-recompute-with-offloaded-moe-internals", order=1290, raises="AssertionError")
+@rule("gdp-qkv-offload-with-gdp-in-proj")
+def _gdp_offload(s: State):
+    if s.w.fine_grained_activation_offloading and "gdp_qkv" in (s.w.offload_modules or []) \
+            and s.selective("gdp_in_proj"):
+        return Hit("gdp_qkv offloaded while gdp_in_proj is recomputed")
+
+
+@rule("moe-recompute-with-offloaded-moe-internals")
 def _moe_offload_main(s: State):
     mods = set(s.w.offload_modules or [])
     hit = sorted(mods & {"moe_act", "expert_fc1", "fused_group_mlp"})
@@ -458,19 +501,33 @@ def _moe_offload_main(s: State):
         return Hit(f"moe recompute while offloading {_fmt(hit)}")
 
 
-@rule("fp8-input-store-needs-swiglu", order=1526, raises="ValueError")
+@rule("fused-group-mlp-offload-needs-op-fuser")
+def _fused_group_mlp_fuser(s: State):
+    if s.w.fine_grained_activation_offloading and "fused_group_mlp" in (s.w.offload_modules or []) \
+            and not s.extra.get("use_transformer_engine_op_fuser"):
+        return Hit("fused_group_mlp offloaded without use_transformer_engine_op_fuser")
+
+
+@rule("fused-group-mlp-offload-with-partial-moe-offload")
+def _fused_group_mlp_partial(s: State):
+    mods = set(s.w.offload_modules or [])
+    if s.w.fine_grained_activation_offloading and "fused_group_mlp" in mods and mods & {"expert_fc1", "moe_act"}:
+        return Hit(f"fused_group_mlp offloaded with {_fmt(sorted(mods & {'expert_fc1', 'moe_act'}))}")
+
+
+@rule("fp8-input-store-needs-swiglu")
 def _fp8_input_store(s: State):
     if s.w.activation_func_fp8_input_store and not s.w.swiglu:
         return Hit("activation_func_fp8_input_store without SwiGLU")
 
 
-@rule("moe-fp8-needs-te-1-7", order=1601, raises="ValueError")
+@rule("moe-fp8-needs-te-1-7")
 def _moe_fp8_te17(s: State):
     if s.w.is_moe and s.w.fp8:
         return _te_gate(s, "1.7.0.dev0", "MoE FP8 training")
 
 
-@rule("moe-fp8-grouped-gemm-needs-te-1-11", order=1607, raises="ValueError")
+@rule("moe-fp8-grouped-gemm-needs-te-1-11")
 def _moe_fp8_te111(s: State):
     if s.w.is_moe and s.w.fp8 and s.w.moe_grouped_gemm:
         # only reached when the TE >= 1.7 check passed, which implies a known version
@@ -478,58 +535,56 @@ def _moe_fp8_te111(s: State):
             return _te_gate(s, "1.11.0", "FP8 grouped GEMM")
 
 
-@rule("cuda-graph-full-scope-deprecated", order=1705)
+@rule("cuda-graph-full-scope-deprecated")
 def _full_scope(s: State):
-    scope = s.w.cuda_graph_scope
-    named_full = scope == "full" or (isinstance(scope, (list, tuple)) and "full" in scope) or \
-        (isinstance(scope, str) and "full" in scope.split(","))
+    given = s.w.cuda_graph_scope
+    if s.has_modules_field and given is None:
+        given = s.w.cuda_graph_modules
+    named_full = "full" in _names(given if given is not None else "full")
     if s.graphs and named_full:
-        return Hit(f"cuda_graph_impl={s.w.cuda_graph_impl} with cuda_graph_scope 'full' (whole layer)")
+        return Hit(f"cuda_graph_impl={s.w.cuda_graph_impl} with the capture scope 'full' (whole layer)")
 
 
-_GRAPH_IMPLS = {"0.16.1": ("transformer_engine", "local"),
-                "main": ("transformer_engine", "local", "full_iteration")}
-
-
-@rule("cuda-graph-impl-invalid", order=1716, raises="AssertionError")
+@rule("cuda-graph-impl-invalid")
 def _graph_impl(s: State):
-    if s.graphs and s.w.cuda_graph_impl not in _GRAPH_IMPLS[s.version]:
-        return Hit(f"cuda_graph_impl={s.w.cuda_graph_impl!r} is not known to megatron-core {s.version}")
+    if s.graphs and s.impl not in releases.enum("cuda_graph_impl", s.version):
+        return Hit(f"cuda_graph_impl={s.impl!r} is not known to megatron-core {s.version}")
 
 
-@rule("cuda-graph-with-cpu-offloading", order=1722, raises="ValueError")
+@rule("cuda-graph-with-cpu-offloading")
 def _graph_cpu_off(s: State):
-    if s.graphs and s.w.cpu_offloading:
-        return Hit(f"cuda_graph_impl={s.w.cuda_graph_impl} with cpu_offloading")
+    if s.graphs and s.w.cpu_offloading and s.impl not in s.params("cuda-graph-with-cpu-offloading").get("exempt", []):
+        return Hit(f"cuda_graph_impl={s.impl} with cpu_offloading")
 
 
-@rule("te-graph-full-iteration-scope", order=1738, raises="AssertionError")
+@rule("te-graph-full-iteration-scope")
 def _te_full_iteration(s: State):
-    if s.w.cuda_graph_impl == "transformer_engine" and "full_iteration" in s.scopes:
-        return Hit("cuda_graph_impl=transformer_engine with full_iteration scope")
+    given = s.w.cuda_graph_scope if s.w.cuda_graph_scope is not None else s.w.cuda_graph_modules
+    if s.w.cuda_graph_impl == "transformer_engine" and "full_iteration" in _names(given):
+        return Hit("cuda_graph_impl=transformer_engine with a full_iteration capture scope")
 
 
-@rule("cuda-graph-scope-moe-needs-moe", order=1751, raises="AssertionError")
+@rule("cuda-graph-scope-moe-needs-moe")
 def _scope_moe_dense(s: State):
     hit = [x for x in ("moe", "moe_router") if x in s.scopes]
-    if s.graphs and hit and (not s.w.num_moe_experts or s.w.num_moe_experts <= 1):
+    if s.per_layer_graphs and hit and (not s.w.num_moe_experts or s.w.num_moe_experts <= 1):
         return Hit(f"cuda_graph_scope {_fmt(hit)} on a model without MoE")
 
 
-@rule("cuda-graph-scope-mlp-needs-dense", order=1759, raises="AssertionError")
+@rule("cuda-graph-scope-mlp-needs-dense")
 def _scope_mlp_moe(s: State):
     w = s.w
-    if not (s.graphs and w.num_moe_experts and w.num_moe_experts > 1 and "mlp" in s.scopes):
+    if not (s.per_layer_graphs and w.num_moe_experts and w.num_moe_experts > 1 and "mlp" in s.scopes):
         return None
     all_moe = w.moe_layer_freq == 1 or (isinstance(w.moe_layer_freq, list) and 0 not in w.moe_layer_freq)
     if all_moe:
         return Hit("cuda_graph_scope mlp on a model whose layers are all MoE")
 
 
-@rule("cuda-graph-scope-moe-needs-drop-padding", order=1767, raises="AssertionError")
+@rule("cuda-graph-scope-moe-needs-drop-padding")
 def _scope_moe_padding(s: State):
     w = s.w
-    if not (s.graphs and w.num_moe_experts and w.num_moe_experts > 1 and "moe" in s.scopes):
+    if not (s.per_layer_graphs and w.num_moe_experts and w.num_moe_experts > 1 and "moe" in s.scopes):
         return None
     cf = w.moe_expert_capacity_factor
     cf = None if cf is not None and cf < 0 else cf
@@ -537,29 +592,72 @@ def _scope_moe_padding(s: State):
         return Hit("cuda_graph_scope moe without drop-and-pad MoE")
 
 
-@rule("full-recompute-needs-full-iteration-graph", order=1780, raises="AssertionError")
+@rule("cuda-graph-scope-and-modules")
+def _scope_and_modules(s: State):
+    if s.w.cuda_graph_scope is not None and _names(s.w.cuda_graph_modules) not in ([], ["full"]):
+        return Hit("cuda_graph_scope and cuda_graph_modules both set")
+
+
+@rule("cuda-graph-scope-deprecated")
+def _scope_deprecated(s: State):
+    if s.w.cuda_graph_scope is None:
+        return None
+    extra = ""
+    if s.migrated_full_iteration and s.w.cuda_graph_impl in ("none", None):
+        extra = "; its full_iteration entry turns full-iteration CUDA graphs ON although cuda_graph_impl=none"
+    elif s.migrated_full_iteration:
+        extra = "; its full_iteration entry becomes cuda_graph_impl=full_iteration"
+    return Hit(f"cuda_graph_scope={s.w.cuda_graph_scope!r} is copied to cuda_graph_modules{extra}")
+
+
+@rule("cuda-graph-modules-not-in-release")
+def _modules_not_here(s: State):
+    if s.w.cuda_graph_modules is not None:
+        return Hit(f"cuda_graph_modules={s.w.cuda_graph_modules!r} on megatron-core {s.version}, which "
+                   "names the capture scope cuda_graph_scope")
+
+
+@rule("full-iteration-graph-with-modules")
+def _full_iteration_modules(s: State):
+    if s.impl == "full_iteration" and s.scopes:
+        return Hit(f"cuda_graph_impl=full_iteration with capture modules {_fmt(s.scopes)}")
+
+
+@rule("cuda-graph-scope-moe-and-moe-router")
+def _scope_moe_router(s: State):
+    if s.per_layer_graphs and "moe" in s.scopes and "moe_router" in s.scopes:
+        return Hit("the capture scope names both moe and moe_router")
+
+
+@rule("cuda-graph-moe-preprocess-needs-moe-router")
+def _scope_preprocess(s: State):
+    if s.per_layer_graphs and "moe_preprocess" in s.scopes and "moe_router" not in s.scopes:
+        return Hit("the capture scope names moe_preprocess without moe_router")
+
+
+@rule("full-recompute-needs-full-iteration-graph")
 def _full_graph(s: State):
-    only_full_iteration = s.scopes == ["full_iteration"] or (s.version != "0.16.1" and s.full_iteration)
+    only_full_iteration = s.scopes == ["full_iteration"] or s.impl == "full_iteration"
     if s.graphs and s.g is not None and s.g != "selective" and not only_full_iteration:
         where = f"scope {_fmt(s.scopes)}" if s.scopes else "whole-layer graphs"
-        return Hit(f"full recompute with cuda_graph_impl={s.w.cuda_graph_impl} and {where}")
+        return Hit(f"full recompute with cuda_graph_impl={s.impl} and {where}")
 
 
-@rule("moe-recompute-with-te-moe-router-graph", order=1788, raises="AssertionError")
+@rule("moe-recompute-with-te-moe-router-graph")
 def _moe_te_router(s: State):
-    if s.graphs and s.w.cuda_graph_impl == "transformer_engine" and s.selective("moe") \
+    if s.graphs and s.impl == "transformer_engine" and s.selective("moe") \
             and "moe_router" in s.scopes:
         return Hit("moe recompute would straddle the moe_router graph (transformer_engine graphs)")
 
 
-@rule("attention-dropout-with-graphed-core-attn", order=1805, raises="AssertionError")
+@rule("attention-dropout-with-graphed-core-attn")
 def _attn_dropout(s: State):
     if s.graphs and s.w.attention_dropout != 0.0 and s.selective("core_attn") and \
             (s.full_cudagraph or "attn" in s.scopes):
         return Hit(f"core_attn with attention_dropout={s.w.attention_dropout} inside a CUDA graph")
 
 
-@rule("hidden-dropout-with-graphed-mlp-moe", order=1812, raises="AssertionError")
+@rule("hidden-dropout-with-graphed-mlp-moe")
 def _hidden_dropout(s: State):
     if not (s.graphs and s.w.hidden_dropout != 0.0 and s.g == "selective"):
         return None
@@ -569,14 +667,43 @@ def _hidden_dropout(s: State):
         return Hit(f"{_fmt(hit)} with hidden_dropout={s.w.hidden_dropout} inside a CUDA graph")
 
 
-@rule("jitter-with-graphed-moe", order=1821, raises="AssertionError")
+@rule("jitter-with-graphed-moe")
 def _jitter(s: State):
     if s.graphs and s.w.moe_input_jitter_eps is not None and s.selective("moe") and \
             (s.full_cudagraph or "moe" in s.scopes):
         return Hit("moe recompute with moe_input_jitter_eps inside a CUDA graph")
 
 
-@rule("ep-overlap-needs-vpp", order=1857, raises="AssertionError")
+@rule("fine-grained-offloading-local-graph-modules")
+def _fg_local_modules(s: State):
+    if s.graphs and s.w.fine_grained_activation_offloading and s.impl == "local":
+        bad = sorted(set(s.w.offload_modules or []) - set(MOE_INTERNALS))
+        if bad:
+            return Hit(f"fine-grained offloading of {_fmt(bad)} under local CUDA graphs")
+
+
+@rule("fine-grained-offloading-local-whole-layer-graph")
+def _fg_local_whole(s: State):
+    if s.graphs and s.w.fine_grained_activation_offloading and s.impl == "local" and not s.scopes:
+        return Hit("fine-grained offloading under local CUDA graphs of the whole layer")
+
+
+@rule("fine-grained-offloading-graph-impl")
+def _fg_graph_impl(s: State):
+    if not (s.graphs and s.w.fine_grained_activation_offloading):
+        return None
+    if s.impl in ("transformer_engine", "full_iteration"):
+        return None
+    offloaded = set(s.w.offload_modules or [])
+    partial_moe = (s.impl == "local" and bool(offloaded) and offloaded <= set(MOE_INTERNALS)
+                   and "moe" not in s.scopes)
+    if partial_moe and s.params("fine-grained-offloading-graph-impl")["local_partial_moe"]:
+        return None
+    return Hit(f"fine-grained offloading with cuda_graph_impl={s.impl}"
+               + (f" capturing {_fmt(s.scopes)}" if s.scopes else ""))
+
+
+@rule("ep-overlap-needs-vpp")
 def _ep_vpp(s: State):
     w = s.w
     if w.overlap_moe_expert_parallel_comm and w.pipeline_model_parallel_size > 1 \
@@ -584,69 +711,69 @@ def _ep_vpp(s: State):
         return Hit("EP overlap with pipeline parallelism but no virtual pipeline")
 
 
-@rule("ep-overlap-needs-ep", order=1863, raises="AssertionError")
+@rule("ep-overlap-needs-ep")
 def _ep_ep(s: State):
     if s.w.overlap_moe_expert_parallel_comm and s.w.expert_model_parallel_size <= 1:
         return Hit("EP overlap with expert_model_parallel_size=1")
 
 
-@rule("ep-overlap-needs-alltoall-or-flex", order=1866, raises="AssertionError")
+@rule("ep-overlap-needs-alltoall-or-flex")
 def _ep_dispatcher(s: State):
     if s.w.overlap_moe_expert_parallel_comm and s.w.moe_token_dispatcher_type not in ("alltoall", "flex"):
         return Hit(f"EP overlap with the {s.w.moe_token_dispatcher_type} dispatcher")
 
 
-@rule("ep-overlap-with-full", order=1871, raises="AssertionError")
+@rule("ep-overlap-with-full")
 def _ep_full(s: State):
     if s.w.overlap_moe_expert_parallel_comm and s.g == "full":
         return Hit("EP overlap with full recompute")
 
 
-@rule("ep-overlap-with-method", order=1874, raises="AssertionError")
+@rule("ep-overlap-with-method")
 def _ep_method(s: State):
     if s.w.overlap_moe_expert_parallel_comm and s.w.recompute_method is not None:
         return Hit(f"EP overlap with recompute_method={s.w.recompute_method}")
 
 
-@rule("ep-overlap-with-num-layers", order=1877, raises="AssertionError")
+@rule("ep-overlap-with-num-layers")
 def _ep_num_layers(s: State):
     if s.w.overlap_moe_expert_parallel_comm and s.w.recompute_num_layers is not None:
         return Hit(f"EP overlap with recompute_num_layers={s.w.recompute_num_layers}")
 
 
-@rule("ep-overlap-with-moe-recompute", order=1880, raises="AssertionError")
+@rule("ep-overlap-with-moe-recompute")
 def _ep_moe_main(s: State):
     # main tc:3030-3032 tests the list at any granularity
     if s.w.overlap_moe_expert_parallel_comm and "moe" in s.mods:
         return Hit("EP overlap with moe in recompute_modules")
 
 
-@rule("ep-overlap-needs-bf16", order=1882, raises="AssertionError")
+@rule("ep-overlap-needs-bf16")
 def _ep_bf16(s: State):
     if s.w.overlap_moe_expert_parallel_comm and not (s.w.bf16 or s.w.fp16):
         return Hit("EP overlap without bf16/fp16")
 
 
-@rule("ep-overlap-with-shared-expert-overlap", order=1886, raises="AssertionError")
+@rule("ep-overlap-with-shared-expert-overlap")
 def _ep_shared(s: State):
     if s.w.overlap_moe_expert_parallel_comm and s.w.moe_shared_expert_overlap:
         return Hit("EP overlap with moe_shared_expert_overlap")
 
 
-@rule("ep-overlap-cuda-graph-scope", order=1898, raises="AssertionError")
+@rule("ep-overlap-cuda-graph-scope")
 def _ep_graph(s: State):
     if not (s.w.overlap_moe_expert_parallel_comm and s.graphs):
         return None
     bad_scope = [x for x in ("moe", "mlp") if x in s.scopes]
-    if s.version == "0.16.1":
-        if s.w.cuda_graph_impl != "transformer_engine" or bad_scope:
-            return Hit(f"EP overlap with cuda_graph_impl={s.w.cuda_graph_impl}"
+    if s.params("ep-overlap-cuda-graph-scope").get("only_transformer_engine"):
+        if s.impl != "transformer_engine" or bad_scope:
+            return Hit(f"EP overlap with cuda_graph_impl={s.impl}"
                        + (f" and scope {_fmt(bad_scope)}" if bad_scope else ""))
-    elif s.w.cuda_graph_impl == "transformer_engine" and bad_scope:
+    elif s.impl == "transformer_engine" and bad_scope:
         return Hit(f"EP overlap with transformer_engine graphs on {_fmt(bad_scope)}")
 
 
-@rule("delay-wgrad-needs-ep-overlap", order=1909, raises="AssertionError")
+@rule("delay-wgrad-needs-ep-overlap")
 def _delay_wgrad(s: State):
     if s.w.delay_wgrad_compute and not s.w.overlap_moe_expert_parallel_comm:
         return Hit("delay_wgrad_compute without EP overlap")
@@ -767,9 +894,7 @@ def _moe_tp_sp(s: State):
 def _label_needs_te(s: State):
     if s.assume_te_absent or not s.te_absent:
         return None   # only when the user states TE is absent on the training nodes
-    te_labels = ("layernorm", "moe_act") if s.version == "0.16.1" else \
-        ("layernorm", "moe_act", "gdn_norm_out", "gdp_qkv", "mhc")
-    hit = s.selective(*te_labels)
+    hit = s.selective(*s.params("label-needs-te")["labels"])
     if hit:
         return Hit(f"{_fmt(hit)} needs Transformer Engine at runtime (CheckpointWithoutOutput calls "
                    "FP8GlobalStateManager even in bf16); te_version says it is absent")
@@ -784,9 +909,9 @@ def _legacy_grouped(s: State):
 
 @rule("moe-router-needs-te")
 def _moe_router_te(s: State):
-    # 0.16.1 only: moe_utils.py:24-39 leaves te_general_gemm undefined without TE and :1192
-    # reads it before looking at the router dtype (seen on a GPU with the local spec).
-    if s.version == "0.16.1" and s.w.is_moe and s.te_absent and not s.assume_te_absent:
+    # moe_utils.py:24-39 leaves te_general_gemm undefined without TE and :1192 reads it before
+    # looking at the router dtype (seen on a GPU with the local spec); fixed in 0.17 (the card).
+    if s.w.is_moe and s.te_absent and not s.assume_te_absent:
         return Hit("MoE router without Transformer Engine: the gating GEMM raises NameError "
                    "in the first forward")
 
@@ -874,6 +999,30 @@ def _pre_mlp_ln_graph(s: State):
                "norm recompute is switched off")
 
 
+@rule("full-recompute-on-hybrid-stack")
+def _full_hybrid(s: State):
+    if s.w.hybrid_override_pattern and s.g == "full":
+        return Hit("full recompute on a hybrid (Mamba) stack: MambaStack runs its layers without a "
+                   "checkpoint, nothing is recomputed")
+
+
+# What a per-layer capture scope contains (transformer/cuda_graphs.py @ core_v0.18.2): a
+# recompute region inside it runs without its checkpoint while the graph is captured.
+_CAPTURED_BY = {"core_attn": "attn", "mlp": "mlp", "moe": "moe", "shared_experts": "moe"}
+
+
+@rule("recompute-inside-cuda-graph-capture")
+def _inside_capture(s: State):
+    if not s.per_layer_graphs:
+        return None
+    hit = [lb for lb in s.selective(*_CAPTURED_BY) if not s.scopes or _CAPTURED_BY[lb] in s.scopes]
+    if hit:
+        where = f"the captured {_fmt(sorted({_CAPTURED_BY[lb] for lb in hit}))} scope" if s.scopes \
+            else "the whole-layer capture"
+        return Hit(f"{_fmt(hit)} inside {where} ({s.impl} graphs): the checkpoint is skipped while "
+                   "the graph is captured, so the graph keeps every activation of the region")
+
+
 # ================================================================== evaluation
 @dataclass
 class Evaluation:
@@ -889,26 +1038,31 @@ class Evaluation:
         return ("reject", self.first_error["id"], self.first_error.get("raises"))
 
 
-def _applies(cid: str, version: str) -> bool:
-    return version in [str(v) for v in constraint(cid)["versions"]]
+# The moe_layer_recompute override (tc:1264-1266 @ core_v0.16.1) sits right after the check
+# that rejects it with full recompute: checks after that one see granularity "selective" and
+# "moe" appended.
+OVERRIDE_AFTER = "moe-layer-recompute-with-full"
 
 
-def evaluate(w, version: str = "0.16.1", te_version: Optional[str] = None,
+def evaluate(w, version: Optional[str] = None, te_version: Optional[str] = None,
              assume_te_absent: bool = False) -> Evaluation:
+    """Every rule the card holds for release `version`, config rules in that release's order."""
+    version = releases.resolve_version(version)
     s = State(w, version, te_version, assume_te_absent)
     ev = Evaluation(version)
-    config_rules = sorted((r for r in RULES if r.order is not None), key=lambda r: r.order)
-    other_rules = [r for r in RULES if r.order is None]
+    applicable = [r for r in RULES if card.holds(r.id, version)]
+    config_rules = sorted((r for r in applicable if card.constraint(r.id)["kind"] == "config"),
+                          key=lambda r: card.order_in(r.id, version))
+    other_rules = [r for r in applicable if card.constraint(r.id)["kind"] != "config"]
+    override = card.order_in(OVERRIDE_AFTER, version)
     for r in config_rules:
-        if not _applies(r.id, version):
-            continue
-        s.after_override = r.order > MOE_LAYER_OVERRIDE_ORDER
+        s.after_override = card.order_in(r.id, version) > override
         hit = r.fn(s)
         if hit is None:
             continue
-        f = finding(r.id, "builtin", hit.detail, severity=hit.severity)
+        f = finding(r.id, "builtin", version, hit.detail, severity=hit.severity)
         if f["severity"] == "error":
-            f["raises"] = hit.raises or r.raises
+            f["raises"] = hit.raises or card.constraint_at(r.id, version).get("raises")
             if ev.first_error is None:
                 f["first"] = True
                 ev.first_error = f
@@ -916,23 +1070,14 @@ def evaluate(w, version: str = "0.16.1", te_version: Optional[str] = None,
             ev.warnings_before_error.append(f["id"])
         ev.findings.append(f)
     for r in other_rules:
-        if not _applies(r.id, version):
-            continue
         s.after_override = True   # what the model is built with
         hit = r.fn(s)
         if hit is not None:
-            ev.findings.append(finding(r.id, "builtin", hit.detail, severity=hit.severity))
+            ev.findings.append(finding(r.id, "builtin", version, hit.detail, severity=hit.severity))
     return ev
 
 
-def check(w, version: str = "0.16.1", te_version: Optional[str] = None,
+def check(w, version: Optional[str] = None, te_version: Optional[str] = None,
           assume_te_absent: bool = False) -> dict:
     ev = evaluate(w, version, te_version, assume_te_absent)
-    return report(ev.findings, "builtin", version)
-
-
-def order_of(cid: str) -> Optional[float]:
-    for r in RULES:
-        if r.id == cid:
-            return r.order
-    return None
+    return report(ev.findings, "builtin", ev.version)

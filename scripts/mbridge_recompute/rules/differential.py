@@ -18,6 +18,7 @@ benchmarks/check_agreement.py. Needs megatron-core (imports it).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Optional
 
 from mbridge_recompute.workload import Workload
@@ -247,6 +248,57 @@ VARIATION_CASES: list = [
     ("v accounting 10 over PP 2, VPP 2", {**PP2, "virtual_pipeline_model_parallel_size": 2,
                                           "extra_model": {"account_for_embedding_in_pipeline_split": True,
                                                           "account_for_loss_in_pipeline_split": True}}, None),
+    # release differences (cuda_graph_modules is a 0.18+ field; the scope migrates there)
+    ("r cuda_graph_modules attn + sel []", {**cg("transformer_engine"), "cuda_graph_modules": ["attn"],
+                                            **sel(), "attention_dropout": 0.0}, None),
+    ("r scope and modules together", {**cg("local", ["attn"]), "cuda_graph_modules": ["mlp"]}, None),
+    ("r scope full_iteration, impl none", {"cuda_graph_scope": ["full_iteration"], **sel()}, None),
+    ("r scope full_iteration, impl none + full", {"cuda_graph_scope": ["full_iteration"], **FULL1}, None),
+    ("r impl full_iteration + modules attn", {**cg("full_iteration"), "cuda_graph_modules": ["attn"]}, None),
+    ("r cg TE moe + moe_router", {**cg("transformer_engine", ["moe", "moe_router"]), **MOE,
+                                   "moe_expert_capacity_factor": 1.0,
+                                   "extra_model": {"moe_pad_expert_input_to_capacity": True}}, None),
+    ("r cg TE moe_preprocess alone", {**cg("transformer_engine", ["moe_preprocess"]), **MOE}, None),
+    ("r cg impl full_iteration + cpu offloading", {**cg("full_iteration"), **OFF}, None),
+    ("r fine-grained + cg local attn", {**FG, "offload_modules": ["core_attn"], **cg("local", ["attn"]),
+                                        "attention_dropout": 0.0}, None),
+    ("r fine-grained moe_act + cg local attn", {**FG, "offload_modules": ["moe_act"], **MOE, **GG,
+                                               **cg("local", ["attn"]), "attention_dropout": 0.0}, None),
+    ("r fine-grained moe_act + cg local whole layer", {**FG, "offload_modules": ["moe_act"], **MOE, **GG,
+                                                      **cg("local"), "attention_dropout": 0.0}, None),
+    ("r fine-grained moe_act + cg local moe (drop-pad)", {**FG, "offload_modules": ["moe_act"], **MOE, **GG,
+                                                         **cg("local", ["moe"]), "moe_expert_capacity_factor": 1.0,
+                                                         "extra_model": {"moe_pad_expert_input_to_capacity": True}},
+     None),
+    ("r cg impl bogus", {"cuda_graph_impl": "bogus"}, None),
+    ("r EP overlap + cg TE mlp on dense layers", {**EPO, **MOE, "moe_layer_freq": 2, **cg("transformer_engine", ["mlp"]),
+                                                  **sel(), "hidden_dropout": 0.0}, None),
+    ("r fine-grained core_attn + cg TE attn", {**FG, "offload_modules": ["core_attn"],
+                                               **cg("transformer_engine", ["attn"])}, None),
+    ("r fine-grained fused_group_mlp", {**FG, "offload_modules": ["fused_group_mlp"], **MOE, **GG}, None),
+    ("r fine-grained fused_group_mlp + op fuser", {**FG, "offload_modules": ["fused_group_mlp"], **MOE, **GG,
+                                                   "extra_model": {"use_transformer_engine_op_fuser": True}},
+     None),
+    ("r fine-grained fused_group_mlp + moe_act", {**FG, "offload_modules": ["fused_group_mlp", "moe_act"],
+                                                  **MOE, **GG,
+                                                  "extra_model": {"use_transformer_engine_op_fuser": True}},
+     None),
+    ("r fine-grained expert_fc1 + sel moe", {**FG, "offload_modules": ["expert_fc1"], **sel("moe"), **MOE},
+     None),
+    ("r fine-grained moe_act + sel moe_act", {**FG, "offload_modules": ["moe_act"], **sel("moe_act"),
+                                              **MOE, **GG}, None),
+    ("r EP overlap + cg local attn + sel []", {**EPO, **MOE, **cg("local", ["attn"]), **sel(),
+                                              "attention_dropout": 0.0}, None),
+    ("r EP overlap + cg TE moe_router", {**EPO, **MOE, **cg("transformer_engine", ["moe_router"]), **sel()},
+     None),
+    ("r shared overlap flex", {**MOE, **SHARED, "moe_shared_expert_overlap": True,
+                               "moe_token_dispatcher_type": "flex"}, None),
+    ("r gdn_norm_out with gated_delta_net", {**sel("gdn_norm_out"),
+                                             "experimental_attention_variant": "gated_delta_net",
+                                             "extra_model": {"linear_attention_freq": 1}}, None),
+    ("r gdn_norm_out with gdn", {**sel("gdn_norm_out"), "experimental_attention_variant": "gdn"}, None),
+    ("r fp8 MoE no TE (0.17+: 0.0.0)", {**fp8("tensorwise"), **MOE, **GG, **sel("moe_act")}, None),
+    ("r EP overlap + moe_layer_recompute full", {**EPO, **MOE, "moe_layer_recompute": True}, None),
 ]
 
 CASES = REFERENCE_CASES + VARIATION_CASES
@@ -279,17 +331,16 @@ def run_case(name: str, overrides: dict, te_version: Optional[str]) -> Result:
     from mbridge_recompute.rules import builtin, live
 
     version = releases.target_version()
-    installed = releases.installed_mcore_version()
     w = workload(overrides)
     out = live.build(w, te_version)
     if out.exc_type is None:
         live_v = ("accept", None, None)
     else:
-        cid = live.map_message(out.exc_message, version, out.exc_file, out.exc_line, installed)
+        cid = live.map_message(out.exc_message, version, out.exc_file, out.exc_line)
         live_v = ("reject", cid, out.exc_type)
     live_w = set()
     for message, file, line in out.warnings:
-        cid = live.map_message(message, version, file, line, installed, warning=True)
+        cid = live.map_message(message, version, file, line, warning=True)
         if cid and cid != "cuda-graph-full-scope-deprecated":
             live_w.add(cid)
     ev = builtin.evaluate(w, version, te_version, assume_te_absent=te_version is None)
@@ -308,3 +359,97 @@ def summary(results: list) -> str:
     rejected = sum(r.live[0] == "reject" for r in results)
     return (f"agreement: {verdict}/{n} verdicts (accept/reject + constraint id + exception type); "
             f"{full}/{n} including config warnings; {rejected} cases rejected by TransformerConfig")
+
+
+# ------------------------------------------------------------------ run in a release's environment
+def installed_label_sets() -> dict:
+    """The recompute_modules and offload_modules sets the installed TransformerConfig allows,
+    read from its source (the `allowed_modules` set literals of __post_init__)."""
+    import ast
+
+    import megatron.core.transformer.transformer_config as tc
+
+    tree = ast.parse(Path(tc.__file__).read_text())
+    sets = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Assign) and any(getattr(t, "id", None) == "allowed_modules"
+                                                for t in node.targets):
+            value = node.value
+            if isinstance(value, ast.Call) and value.args:        # set([...])
+                value = value.args[0]
+            if isinstance(value, (ast.Set, ast.List, ast.Tuple)):
+                sets.append({e.value for e in value.elts if isinstance(e, ast.Constant)})
+    out = {}
+    for found in sets:
+        key = "recompute_modules" if "mla_up_proj" in found else "offload_modules" if "attn_norm" in found \
+            else None
+        if key:
+            out[key] = sorted(found)
+    return out
+
+
+def _literals(lines: list) -> str:
+    """The string literals of a source range, concatenated; f-string fields become {}."""
+    import re
+
+    parts = []
+    for line in lines:
+        for m in re.finditer(r"""[fr]?(['"])(.*?)(?<!\\)\1""", line):
+            parts.append(m.group(2))
+    return re.sub(r"\{[^}]*\}", "{}", "".join(parts))
+
+
+def cited_message_problems() -> list:
+    """Config constraints of the installed release whose message is not the string literal at
+    the lines the card cites for it."""
+    import re
+
+    import megatron.core as mc
+
+    from mbridge_recompute.facts import card, releases
+
+    key = releases.target_version()
+    root = Path(mc.__file__).parent
+    files = {"tc": root / "transformer" / "transformer_config.py", "mpc": root / "model_parallel_config.py",
+             "cgc": root / "transformer" / "cuda_graph_config.py"}
+    problems = []
+    for c in card.constraints():
+        entry = card.constraint_at(c["id"], key)
+        if c["kind"] != "config" or entry is None or not entry["message"] or "(from" in entry["at"] \
+                and not files["cgc"].exists():
+            continue
+        m = re.match(r"(\w+):(\d+)(?:-(\d+))?", entry["at"])
+        if m is None or m.group(1) not in files:
+            continue
+        start, end = int(m.group(2)), int(m.group(3) or m.group(2))
+        lines = files[m.group(1)].read_text().splitlines()[start - 1:end]
+        want = re.sub(r"\{[^}]*\}", "{}", entry["message"])
+        if want.startswith("TransformerConfig.__init__()"):
+            continue      # Python's own message for an unknown keyword, not a literal
+        if want not in _literals(lines):
+            problems.append(f"{c['id']}: {want!r} is not at {entry['at']} @ {releases.meta(key)['tag']}")
+    return problems
+
+
+def main(argv: list | None = None) -> int:
+    """`python -m mbridge_recompute.rules.differential`: the matrix against the installed
+    megatron-core, as one JSON object (what tests/test_releases.py reads per release)."""
+    import json
+    import sys
+
+    from mbridge_recompute.facts import releases
+
+    results = run_matrix()
+    out = {"installed": releases.installed_mcore_version(), "facts": releases.target_version(),
+           "summary": summary(results), "label_sets": installed_label_sets(),
+           "cited_message_problems": cited_message_problems(),
+           "results": [{"name": r.name, "live": list(r.live), "builtin": list(r.builtin),
+                        "live_warnings": sorted(r.live_warnings),
+                        "builtin_warnings": sorted(r.builtin_warnings),
+                        "live_message": r.live_message} for r in results]}
+    sys.stdout.write(json.dumps(out) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

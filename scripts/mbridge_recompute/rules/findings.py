@@ -7,7 +7,6 @@ once in card.yaml (`constraints:`); `finding()` reads it from there by id.
 
 from __future__ import annotations
 
-from functools import lru_cache
 from typing import Optional
 
 from mbridge_recompute.facts import card
@@ -16,39 +15,27 @@ SEVERITIES = ("error", "warning", "info")
 _RANK = {s: i for i, s in enumerate(SEVERITIES)}
 
 
-@lru_cache(maxsize=1)
-def _constraints_by_id() -> dict:
-    return {c["id"]: c for c in card.constraints()}
-
-
-def constraint(cid: str) -> dict:
-    """The card entry of `cid` (indexed once: the planner checks many candidates)."""
-    try:
-        return _constraints_by_id()[cid]
-    except KeyError:
-        raise KeyError(f"card.yaml has no constraint {cid!r}") from None
-
-
-def finding(cid: str, source: str, detail: Optional[str] = None,
+def finding(cid: str, source: str, version: str, detail: Optional[str] = None,
             severity: Optional[str] = None, upstream: Optional[str] = None) -> dict:
-    """Build a finding for card constraint `cid`.
+    """Build a finding for card constraint `cid` as release `version` has it.
 
     `detail` is the workload-specific sentence (what was seen); without it the
     card's plain-words condition is used. `upstream` overrides the card's
     message with the text megatron-core actually raised (live validator), so the
     report shows the real string, f-string parts filled in.
     """
-    c = constraint(cid)
-    return {
+    c = card.constraint_at(cid, version) or {**card.constraint(cid), "citation": "", "at": ""}
+    out = {
         "id": cid,
         "severity": severity or c["severity"],
         "message": detail or c["condition"],
         "fix": c["fix"],
         "source": source,
         "upstream_message": upstream if upstream is not None else c["message"],
-        "citation": c["source"],
+        "citation": c["citation"],
         "kind": c["kind"],
     }
+    return out
 
 
 def sort_findings(findings: list[dict]) -> list[dict]:

@@ -30,12 +30,16 @@ from functools import lru_cache
 from pathlib import PurePath
 from typing import Optional
 
-from mbridge_recompute.facts import card
-from mbridge_recompute.facts import releases
+from mbridge_recompute.facts import card, releases
 from mbridge_recompute.rules import builtin
 from mbridge_recompute.rules.findings import finding, report
 
-CONFIG_FILES = {"tc": "transformer_config.py", "model_parallel_config.py": "model_parallel_config.py"}
+# The files whose raise/warn sites __post_init__ runs, by the card's abbreviations.
+CONFIG_FILES = {"tc": "transformer_config.py", "mpc": "model_parallel_config.py",
+                "cgc": "cuda_graph_config.py"}
+# Workload fields a release may lack: when set they are passed anyway, so the installed
+# TransformerConfig refuses them as it would (TypeError: unexpected keyword argument).
+ABSENT_FIELD_RULES = {"cuda_graph_modules": "cuda-graph-modules-not-in-release"}
 
 
 def mcore_available() -> bool:
@@ -89,8 +93,12 @@ def config_kwargs(w) -> tuple:
     names = {f.name for f in dataclasses.fields(cls)}
     kwargs = {}
     for key, value in w.model_fields().items():
-        if key not in names:
-            continue   # a field this megatron-core does not have (e.g. MLA dims on a GQA model)
+        if key not in names and not (key in ABSENT_FIELD_RULES and value is not None):
+            # a field this megatron-core does not have (e.g. MLA dims on a GQA model); a
+            # release-dependent Workload field that is set goes through, to fail as it would
+            continue
+        if key in ("cuda_graph_scope", "cuda_graph_modules") and value is None:
+            continue   # unset: the release's own default
         kwargs[key] = list(value) if isinstance(value, list) else value   # __post_init__ mutates lists
     kwargs["activation_func"] = _activation(w.activation_func)
     if kwargs.get("offload_modules") is None and "offload_modules" in names:
@@ -164,34 +172,34 @@ def _message_regex(message: str):
     return re.compile(".*?".join(re.escape(p) for p in parts), re.DOTALL)
 
 
-_SOURCE = re.compile(r"([\w./]+):(\d+)(?:-(\d+))?\s*@\s*(\S+)")
+_LOCATION = re.compile(r"([\w./]+):(\d+)(?:-(\d+))?")
 
 
-def _source_ranges(source: str, tag: str) -> list:
-    out = []
-    for m in _SOURCE.finditer(source):
-        file, start, end, at = m.group(1), int(m.group(2)), m.group(3), m.group(4)
-        if at.rstrip(";,") != tag:
-            continue
-        out.append((CONFIG_FILES.get(file, PurePath(file).name), start, int(end or start)))
-    return out
-
-
-def source_tag(mcore_version: Optional[str]) -> str:
-    return f"core_v{mcore_version}"
+def _site(cid: str, key: str) -> Optional[tuple]:
+    """(file basename, first line, last line) of `cid` in release `key` (card `at`)."""
+    m = _LOCATION.match(card.constraint(cid)["at"].get(key) or "")
+    if not m:
+        return None
+    return CONFIG_FILES.get(m.group(1), m.group(1)), int(m.group(2)), int(m.group(3) or m.group(2))
 
 
 def map_message(message: str, version: str, file: Optional[str] = None, line: Optional[int] = None,
-                mcore_version: Optional[str] = None, warning: bool = False) -> Optional[str]:
-    """The card constraint id megatron-core's `message` (raised at file:line) stands for."""
-    tag = source_tag(mcore_version or releases.installed_mcore_version())
-    pool = [c for c in card.constraints() if c["kind"] == "config"
-            and version in [str(v) for v in c["versions"]]
+                warning: bool = False) -> Optional[str]:
+    """The card constraint id megatron-core's `message` (raised at file:line) stands for in
+    release `version`."""
+    pool = [c["id"] for c in card.constraints() if c["kind"] == "config" and card.holds(c["id"], version)
             and (c["severity"] != "error") == warning]
-    by_message = [c["id"] for c in pool if _message_regex(c["message"]).fullmatch(message.strip())
-                  or _message_regex(c["message"]).fullmatch(message)]
-    by_line = [c["id"] for c in pool if file and line and
-               any(f == file and a <= line <= b for f, a, b in _source_ranges(c["source"], tag))]
+    texts = {cid: card.constraint_at(cid, version)["message"] for cid in pool}
+    by_message = [cid for cid, text in texts.items()
+                  if text and (_message_regex(text).fullmatch(message.strip())
+                               or _message_regex(text).fullmatch(message))]
+    by_line = []
+    if file and line:
+        for cid in pool:
+            site = _site(cid, version)
+            # the card cites the statement; a multi-line guard starts a few lines above it
+            if site and site[0] == file and site[1] - 6 <= line <= site[2]:
+                by_line.append(cid)
     both = [cid for cid in by_message if cid in by_line]
     if both:
         return both[0]
@@ -216,7 +224,7 @@ def check(w, version: Optional[str] = None, te_version: Optional[str] = None) ->
 
         raise InputError("--validator", "live needs megatron-core installed "
                          "(pip install megatron-core); use --validator builtin")
-    target = releases.resolve_version(installed)
+    target = releases.resolve_version(installed, "installed megatron-core")
     if version is not None and releases.resolve_version(version) != target:
         from mbridge_recompute.errors import InputError
 
@@ -227,11 +235,11 @@ def check(w, version: Optional[str] = None, te_version: Optional[str] = None) ->
     findings: list = []
     by_id = {f["id"]: f for f in ev.findings}
     live_ids: set = set()
-    raised_order: Optional[float] = None
+    raised_at: Optional[tuple] = None          # where __post_init__ stopped (card.order_in terms)
 
     # warnings emitted before the exception (or all of them when it passed)
     for message, file, line in out.warnings:
-        cid = map_message(message, target, file, line, installed, warning=True)
+        cid = map_message(message, target, file, line, warning=True)
         if cid == "cuda-graph-full-scope-deprecated" and w.cuda_graph_impl in (None, "none"):
             continue   # emitted for every default config; says nothing when graphs are off
         if cid is None:
@@ -243,22 +251,22 @@ def check(w, version: Optional[str] = None, te_version: Optional[str] = None) ->
             continue
         live_ids.add(cid)
         base = by_id.get(cid)
-        findings.append(finding(cid, "live", base["message"] if base else message,
+        findings.append(finding(cid, "live", target, base["message"] if base else message,
                                 severity=base["severity"] if base else None, upstream=message))
 
     if out.exc_type is not None:
-        cid = map_message(out.exc_message, target, out.exc_file, out.exc_line, installed)
+        cid = map_message(out.exc_message, target, out.exc_file, out.exc_line)
         where = f"{out.exc_file}:{out.exc_line} (installed megatron-core {installed})"
         said = f"megatron-core {installed} TransformerConfig raised {out.exc_type}: {out.exc_message}"
         if cid is None:
             findings.append(_other("mcore-config-error", "error", said, out.exc_message, where))
-            # rule orders are 0.16.1 __post_init__ line numbers: checks above the raising line passed
-            if out.exc_file == "transformer_config.py" and installed == "0.16.1":
-                raised_order = out.exc_line
+            # checks above the raising line of transformer_config.py passed
+            if out.exc_file == "transformer_config.py":
+                raised_at = (1, out.exc_line)
         else:
-            raised_order = builtin.order_of(cid)
+            raised_at = card.order_in(cid, target)
             live_ids.add(cid)
-            f = finding(cid, "live", said, upstream=out.exc_message)
+            f = finding(cid, "live", target, said, upstream=out.exc_message)
             f["raises"] = out.exc_type
             f["first"] = True
             te_stated = te_version if te_version is not None else w.te_version
@@ -267,7 +275,7 @@ def check(w, version: Optional[str] = None, te_version: Optional[str] = None) ->
                 f["severity"] = "warning"
                 f["message"] = (f"{by_id[cid]['message'] if cid in by_id else f['message']} - "
                                 "megatron-core could not evaluate this check here (Transformer Engine "
-                                "is not installed on this machine; 0.16.1 raises TypeError). "
+                                "is not installed on this machine; 0.16 raises TypeError). "
                                 "Set cluster.te_version to decide it.")
             findings.append(f)
 
@@ -275,9 +283,8 @@ def check(w, version: Optional[str] = None, te_version: Optional[str] = None) ->
         if f["id"] in live_ids:
             continue
         if f["kind"] == "config":
-            order = builtin.order_of(f["id"])
-            masked = out.exc_type is not None and (raised_order is None or order is None
-                                                   or order > raised_order)
+            order = card.order_in(f["id"], target)
+            masked = out.exc_type is not None and (raised_at is None or order is None or order > raised_at)
             if not masked:
                 continue   # the live config got past this check: it decided it
             f = dict(f, message=f["message"] + " (from the built-in table: megatron-core stopped "

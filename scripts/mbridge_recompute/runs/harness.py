@@ -49,7 +49,6 @@ Facts this module relies on (Megatron-Bridge `main` @ 067f987 unless noted):
 
 from __future__ import annotations
 
-import os
 import re
 import shlex
 from dataclasses import dataclass, field
@@ -205,7 +204,7 @@ def _known_labels() -> set:
     # the checkout's Megatron-LM may be any version: accept a label any known version has
     from mbridge_recompute.facts import releases
 
-    return {lab for v in releases.known_versions() for lab in releases.labels_for(v)}
+    return {lab for v in releases.keys() for lab in releases.labels_for(v)}
 
 
 def _unique(settings: list, where: str) -> list:

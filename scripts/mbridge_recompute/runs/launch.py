@@ -21,11 +21,11 @@ import sys
 import time
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Callable, Optional, Sequence
+from typing import Callable, Optional
 
 from mbridge_recompute.errors import InputError
-from mbridge_recompute.runs.harness import Run, Sweep
 from mbridge_recompute.logs.runlog import CONFIG_DUMP, LOG, MANIFEST
+from mbridge_recompute.runs.harness import Run, Sweep
 
 OUR_FILES = (LOG, MANIFEST, CONFIG_DUMP)
 

@@ -1,0 +1,81 @@
+#!/usr/bin/env bash
+# Build (or reuse) one CPU Python environment per megatron-core release the card covers, for the
+# per-release tests (tests/test_releases.py), and write $MBR_ENVS/envs.json naming each
+# release's python and PYTHONPATH.
+#
+#   0.16.1          the test venv itself (.venv, Python 3.11, torch 2.13.0+cpu) -- made by run_all.sh
+#   0.17.1 .. 0.19.2  one Python 3.12 venv (py312-base: torch 2.13.0, numpy, packaging, triton)
+#                   shared by all three, each release in its own `--no-deps --target` directory
+#                   selected with PYTHONPATH (megatron/ is a namespace package, so they stack)
+#   bridge-0.6.2    megatron-bridge 0.6.2 and the pure-Python packages its config and recipe
+#                   modules import, as a --target layer over 0.19.2 (plus the Transformer Engine
+#                   stand-in under tests/standins)
+#
+# Torch for Python 3.12: the registry reachable here serves only the CUDA build of torch 2.13.0
+# for 3.12 (the CPU wheel of this machine is cp311); it imports and runs on a CPU. The envs live
+# outside the checkout ($MBR_ENVS, default ~/.cache/mbridge-recompute/envs) so that a fresh clone
+# reuses them; each is keyed by a hash of its pin file and marked complete only when built.
+# uv is used because it keeps a wheel cache (pip's stays empty against this registry).
+set -euo pipefail
+HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+REPO=$(cd "$HERE/../.." && pwd)
+PINS=$HERE/pins
+ROOT=${MBR_ENVS:-$HOME/.cache/mbridge-recompute/envs}
+mkdir -p "$ROOT/t"
+export UV_CACHE_DIR=${UV_CACHE_DIR:-$ROOT/uv-cache} UV_PYTHON_DOWNLOADS=never UV_LINK_MODE=hardlink UV_NO_PROGRESS=1
+PY312=$(PYENV_VERSION=3.12.1 python3 -c 'import sys; print(sys.executable)')
+UV=$ROOT/uv-0.13.8/bin/uv
+if [ ! -x "$UV" ]; then
+  rm -rf "$ROOT/uv-0.13.8"
+  python3 -m pip install -q --no-deps --target "$ROOT/uv-0.13.8" uv==0.13.8
+fi
+KEY_VERSION=1
+key() { { echo "$KEY_VERSION"; cat "$@"; } | sha256sum | cut -c1-12; }
+
+venv() {  # venv NAME PYTHON PINFILE -> path of a complete venv
+  local name=$1 py=$2 pins=$3
+  local d=$ROOT/$name-$(key "$pins" <(echo "$py"))
+  if [ ! -f "$d/.complete" ]; then
+    rm -rf "$d"
+    "$UV" venv -q -p "$py" "$d"
+    # bytecode now: PYTHONDONTWRITEBYTECODE may be set, and every import would pay for it
+    "$UV" pip install -q --compile-bytecode -p "$d/bin/python" -r "$pins"
+    touch "$d/.complete"
+  fi
+  for old in "$ROOT/$name"-*; do [ "$old" = "$d" ] || rm -rf "$old"; done
+  echo "$d"
+}
+
+target() {  # target NAME BASE PINFILE -> path of a complete --target directory
+  local name=$1 base=$2 pins=$3
+  local d=$ROOT/t/$name-$(key "$pins" <(echo "$base"))
+  if [ ! -f "$d/.complete" ]; then
+    rm -rf "$d"
+    "$UV" pip install -q --compile-bytecode --no-deps -p "$base/bin/python" --target "$d" -r "$pins"
+    touch "$d/.complete"
+  fi
+  for old in "$ROOT/t/$name"-*; do [ "$old" = "$d" ] || rm -rf "$old"; done
+  echo "$d"
+}
+
+BASE=$(venv py312-base "$PY312" "$PINS/py312-base.txt")
+declare -A PP
+for v in 0.17.1 0.18.2 0.19.2; do
+  PP[$v]=$(target "mcore-$v" "$BASE" "$PINS/mcore-$v.txt")
+done
+BRIDGE=$(target bridge-0.6.2 "$BASE" "$PINS/bridge-0.6.2.txt")
+
+python3 - "$ROOT/envs.json" "$REPO" "$BASE" "${PP[0.17.1]}" "${PP[0.18.2]}" "${PP[0.19.2]}" "$BRIDGE" <<'EOF'
+import json, sys
+out, repo, base, p171, p182, p192, bridge = sys.argv[1:]
+envs = {
+    "0.16.1": {"python": f"{repo}/.venv/bin/python", "pythonpath": ""},
+    "0.17.1": {"python": f"{base}/bin/python", "pythonpath": p171},
+    "0.18.2": {"python": f"{base}/bin/python", "pythonpath": p182},
+    "0.19.2": {"python": f"{base}/bin/python", "pythonpath": p192},
+    "bridge-0.6.2": {"python": f"{base}/bin/python", "megatron_core": "0.19.2",
+                     "pythonpath": ":".join([p192, bridge, f"{repo}/tests/standins"])},
+}
+json.dump(envs, open(out, "w"), indent=1)
+print(out)
+EOF
