@@ -31,11 +31,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import bridge_formula  # noqa: E402
 
 from mbridge_recompute import memory  # noqa: E402
-from mbridge_recompute.facts import card
+from mbridge_recompute.facts import card  # noqa: E402
 from mbridge_recompute.inputs.loading import load_workload  # noqa: E402
-from mbridge_recompute.output import GB  # noqa: E402
-from mbridge_recompute.plan import planner
+from mbridge_recompute.plan import planner  # noqa: E402
 from mbridge_recompute.setting import RecomputeSetting  # noqa: E402
+from mbridge_recompute.units import GB  # noqa: E402
 
 TOLERANCE = 0.25          # relative
 FLOOR_GB = 0.2            # below this measured change, compare against 0.2 GB instead

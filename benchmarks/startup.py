@@ -62,7 +62,8 @@ def main() -> int:
     print(f"python {sys.version.split()[0]}, {args.runs} runs each, wall time per process")
     print(f"{'command':<{width}}  {'median s':>8}  {'max s':>7}  exit")
     for name, r in results.items():
-        print(f"{name:<{width}}  {r['median_s']:>8.3f}  {r['max_s']:>7.3f}  {','.join(map(str, r['exit_codes']))}")
+        codes = ",".join(map(str, r["exit_codes"]))
+        print(f"{name:<{width}}  {r['median_s']:>8.3f}  {r['max_s']:>7.3f}  {codes}")
     return 0
 
 

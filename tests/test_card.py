@@ -361,7 +361,7 @@ def evidence_condition_mismatches(doc_text: str, card_data: dict) -> list[str]:
     problems = []
     for entry in card_data["evidence"]:
         marker = f"<!-- card:evidence {entry['id']} -->"
-        idx = next((i for i, l in enumerate(lines) if l.strip() == marker), None)
+        idx = next((i for i, line in enumerate(lines) if line.strip() == marker), None)
         if idx is None:
             problems.append(f"{entry['id']}: no marker")
             continue
@@ -405,3 +405,23 @@ def test_skill_known_limitations_are_the_card_limitations():
 def test_limitation_check_fails_when_one_drifts():
     drifted = SKILL.read_text().replace("none of it ranks labels in general", "it ranks labels", 1)
     assert len(limitation_mismatches(drifted, card.load())) == 2
+
+
+def test_every_citation_abbreviation_is_defined_in_the_card_legend():
+    """`tc:1208 @ core_v0.16.1`-style citations in code, card, SKILL.md and references use a file
+    name or path, or an abbreviation the card's `abbreviations:` defines."""
+    legend = set(card.load()["abbreviations"])
+    cite = re.compile(r"(?<![\w./-])([\w./-]+?):\d+(?:-\d+)?(?:,\s?\d+(?:-\d+)?)*\s*@")
+    files = [*ROOT.glob("scripts/**/*.py"), *ROOT.glob("references/*.md"), ROOT / "SKILL.md",
+             ROOT / "card.yaml", ROOT / "README.md"]
+    undefined = {}
+    for f in files:
+        for m in cite.finditer(f.read_text()):
+            name = m.group(1)
+            if name in legend or "/" in name or "." in name:
+                continue
+            undefined.setdefault(name, f.relative_to(ROOT).as_posix())
+    assert undefined == {}
+    for loc in (v for c in card.constraints() for v in c["at"].values()):
+        name = re.match(r"[\w./-]+?(?=:)", loc).group(0)
+        assert name in legend or "/" in name or name.endswith(".py"), loc

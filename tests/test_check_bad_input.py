@@ -10,7 +10,8 @@ from conftest import run_script
 # name -> (workload file text or None, extra argv, the field the one stderr line must name)
 CASES = {
     "bad YAML": ("model: [unclosed\n", [], "bad.yaml"),
-    "unknown key with suggestion": ("model:\n  recompute_modles: [core_attn]\n", [], "model.recompute_modles"),
+    "unknown key with suggestion": ("model:\n  recompute_modles: [core_attn]\n", [],
+                                    "model.recompute_modles"),
     "wrong type": ("model:\n  num_layers: eighty\n", [], "model.num_layers"),
     "negative size": ("model:\n  hidden_size: -1\n", [], "model.hidden_size"),
     "size past any index": ("model:\n  num_layers: 99999999999999999999\n", [], "model.num_layers"),

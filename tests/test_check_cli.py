@@ -17,7 +17,8 @@ def _json(proc) -> dict:
 
 
 def test_json_has_the_minimal_keys_and_exits_1_on_an_error_finding():
-    proc = run_script("check", EXAMPLES / "check_moe_ep_overlap_full.yaml", "--json", "--validator", "builtin")
+    proc = run_script("check", EXAMPLES / "check_moe_ep_overlap_full.yaml", "--json",
+                      "--validator", "builtin")
     assert proc.returncode == 1, proc.stderr
     report = _json(proc)
     assert {"ok", "validator", "findings"} <= set(report)
@@ -53,8 +54,9 @@ def test_no_workload_checks_the_embedded_default():
 
 
 def test_set_overrides_reach_the_checker():
-    proc = run_script("check", "--json", "--validator", "builtin", "--set", "model.recompute_granularity=full",
-                      "--set", "model.recompute_method=uniform", "--set", "model.recompute_num_layers=3")
+    proc = run_script("check", "--json", "--validator", "builtin",
+                      "--set", "model.recompute_granularity=full", "--set", "model.recompute_method=uniform",
+                      "--set", "model.recompute_num_layers=3")
     assert proc.returncode == 1
     ids = {f["id"] for f in _json(proc)["findings"]}
     assert "uniform-num-layers-not-dividing-chunk" in ids   # chunks of 4 layers (PP4 x VPP5, 80 layers)
@@ -67,15 +69,17 @@ def test_text_output_groups_findings_by_severity():
     out = proc.stdout
     assert out.startswith("validator: builtin")
     assert out.index("ERRORS (2)") < out.index("WARNINGS (2)")
-    assert "[selective-with-num-layers]" in out and "fix:" in out and out.rstrip().endswith("error finding(s)")
+    assert "[selective-with-num-layers]" in out and "fix:" in out
+    assert out.rstrip().endswith("error finding(s)")
     assert proc.stderr == ""
 
 
 def test_mcore_version_main_uses_the_main_rules():
     w = ["--json", "--validator", "builtin", "--set", "model.num_moe_experts=8", "--set", "model.bf16=true",
          "--set", "model.expert_model_parallel_size=2", "--set", "model.moe_token_dispatcher_type=alltoall",
-         "--set", "comm_overlap.overlap_moe_expert_parallel_comm=true", "--set", "model.recompute_modules=[moe]",
-         "--set", "model.pipeline_model_parallel_size=1", "--set", "model.virtual_pipeline_model_parallel_size=null",
+         "--set", "comm_overlap.overlap_moe_expert_parallel_comm=true",
+         "--set", "model.recompute_modules=[moe]", "--set", "model.pipeline_model_parallel_size=1",
+         "--set", "model.virtual_pipeline_model_parallel_size=null",
          "--set", "cluster.num_gpus=8"]
     old = run_script("check", *w, "--mcore-version", "0.16.1")
     new = run_script("check", *w, "--mcore-version", "main")
@@ -93,7 +97,8 @@ def test_builtin_validator_imports_no_torch_or_megatron():
         "    main(['check', '--validator', 'builtin', '--json'])\n"
         "except SystemExit as e:\n"
         "    code = e.code\n"
-        "heavy = sorted(m for m in sys.modules if m.split('.')[0] in ('torch', 'megatron', 'transformer_engine'))\n"
+        "heavy = sorted(m for m in sys.modules\n"
+        "               if m.split('.')[0] in ('torch', 'megatron', 'transformer_engine'))\n"
         "sys.stderr.write(json.dumps({'code': code, 'heavy': heavy}))\n"
     )
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)

@@ -78,7 +78,8 @@ def test_selective_with_num_layers_is_rejected(live_check):
     assert "selective-with-num-layers" in ids(check(w), "error")
     f = one(live_check(w), "selective-with-num-layers")
     assert f["source"] == "live" and f["raises"] == "ValueError"
-    assert f["upstream_message"] == "When using recompute_granularity: selective recompute_num_layers must be None."
+    assert f["upstream_message"] == ("When using recompute_granularity: selective "
+                                     "recompute_num_layers must be None.")
 
 
 def test_full_recompute_needs_method_and_num_layers():
@@ -183,7 +184,8 @@ def test_block_num_layers_beyond_the_chunk_recomputes_every_layer():
     w = wl(**full("block", 5), pipeline_model_parallel_size=2)   # 4 layers per chunk
     f = one(check(w), "block-num-layers-covers-chunk")
     assert f["severity"] == "info" and "every layer" in f["message"] and "change nothing" in f["message"]
-    assert "block-num-layers-covers-chunk" not in ids(check(wl(**full("block", 3), pipeline_model_parallel_size=2)))
+    w = wl(**full("block", 3), pipeline_model_parallel_size=2)
+    assert "block-num-layers-covers-chunk" not in ids(check(w))
 
 
 def test_num_layers_below_one_hangs_uniform_and_recomputes_nothing_with_block():
@@ -201,7 +203,8 @@ def test_mtp_needs_uniform_one_and_block_skips_mtp_recompute():
 def test_moe_with_tensor_parallel_and_no_sequence_parallel_fails_at_runtime():
     f = one(check(wl(**MOE, tensor_model_parallel_size=2)), "moe-tp-without-sp")
     assert f["severity"] == "error" and f["kind"] == "runtime"
-    assert "moe-tp-without-sp" not in ids(check(wl(**MOE, tensor_model_parallel_size=2, sequence_parallel=True)))
+    w = wl(**MOE, tensor_model_parallel_size=2, sequence_parallel=True)
+    assert "moe-tp-without-sp" not in ids(check(w))
 
 
 def test_layernorm_and_moe_act_need_transformer_engine_at_runtime():
@@ -252,8 +255,8 @@ def test_moe_under_ep_overlap_is_a_no_op_in_0_16_1_and_rejected_in_main():
 
 
 def test_recompute_modules_are_ignored_unless_granularity_is_selective():
-    assert one(check(wl(**full(), recompute_modules=["mlp"])), "modules-ignored-without-selective")["severity"] \
-        == "info"
+    ignored = one(check(wl(**full(), recompute_modules=["mlp"])), "modules-ignored-without-selective")
+    assert ignored["severity"] == "info"
     # a label list without a granularity recomputes nothing at all
     assert one(check(wl(recompute_modules=["mlp"])), "modules-ignored-without-selective")["severity"] \
         == "warning"
@@ -264,7 +267,8 @@ def test_moe_layer_recompute_turns_on_core_attn_and_moe():
     f = one(check(wl(moe_layer_recompute=True, **MOE)), "moe-layer-recompute-deprecated")
     assert "core_attn, moe" in f["message"]
     # and later checks see the added moe: TE moe_router graphs reject it
-    w = wl(moe_layer_recompute=True, **MOE, cuda_graph_impl="transformer_engine", cuda_graph_scope=["moe_router"])
+    w = wl(moe_layer_recompute=True, **MOE, cuda_graph_impl="transformer_engine",
+           cuda_graph_scope=["moe_router"])
     assert "moe-recompute-with-te-moe-router-graph" in ids(check(w), "error")
 
 
@@ -281,7 +285,8 @@ def test_full_recompute_needs_full_iteration_cuda_graphs():
         assert "full-recompute-needs-full-iteration-graph" in ids(check(wl(**full(), cuda_graph_impl=impl)))
     assert check(wl(**full(), cuda_graph_impl="local", cuda_graph_scope=["full_iteration"]))["ok"]
     main = check(wl(**full(), cuda_graph_impl="full_iteration"), version="main")
-    assert main["ok"] and "cuda-graph-impl-invalid" in ids(check(wl(**full(), cuda_graph_impl="full_iteration")))
+    old = check(wl(**full(), cuda_graph_impl="full_iteration"))
+    assert main["ok"] and "cuda-graph-impl-invalid" in ids(old)
 
 
 def test_dropout_is_rejected_with_graphed_recompute():
@@ -303,7 +308,8 @@ def test_moe_recompute_cannot_straddle_a_te_moe_router_graph():
 
 def test_pre_mlp_layernorm_recompute_is_switched_off_under_a_moe_router_graph():
     base = dict(**sel("layernorm"), **MOE, cuda_graph_impl="transformer_engine")
-    assert "pre-mlp-layernorm-with-moe-router-graph" in ids(check(wl(**base, cuda_graph_scope=["moe_router"])))
+    router = check(wl(**base, cuda_graph_scope=["moe_router"]))
+    assert "pre-mlp-layernorm-with-moe-router-graph" in ids(router)
     ok = wl(**base, cuda_graph_scope=["moe_router", "moe_preprocess"], moe_token_dispatcher_type="alltoall")
     assert "pre-mlp-layernorm-with-moe-router-graph" not in ids(check(ok))
 
@@ -402,9 +408,10 @@ EPO_FULL = {**EPO, **MOE}
     ("#61 fp8 tensorwise layernorm, no TE", {**sel("layernorm"), "fp8": "hybrid", "fp8_recipe": "tensorwise"},
      ("reject", "fp8-moe-act-layernorm-needs-te-2-6", "ValueError")),
     ("#65 fp8 MoE, no TE", {"fp8": "e4m3", **MOE}, ("reject", "moe-fp8-needs-te-1-7", "ValueError")),
-    ("#68 local full_iteration scope + full", {**full(), "cuda_graph_impl": "local",
-                                                "cuda_graph_scope": ["full_iteration"]}, ("accept", None, None)),
-    ("#69 impl full_iteration + full", {**full(), "cuda_graph_impl": "full_iteration"}, ("accept", None, None)),
+    ("#68 local full_iteration scope + full",
+     {**full(), "cuda_graph_impl": "local", "cuda_graph_scope": ["full_iteration"]}, ("accept", None, None)),
+    ("#69 impl full_iteration + full", {**full(), "cuda_graph_impl": "full_iteration"},
+     ("accept", None, None)),
     ("#81 EP overlap + moe", {**sel("moe"), **EPO_FULL},
      ("reject", "ep-overlap-with-moe-recompute", "AssertionError")),
 ])

@@ -103,7 +103,7 @@ sys.stderr.write("\\nPROBE " + json.dumps({{"code": code, "heavy": heavy}}) + "\
 def _probe(argv: list) -> dict:
     r = subprocess.run([sys.executable, "-c", _PROBE.format(scripts=str(SCRIPTS)), json.dumps(argv)],
                        capture_output=True, text=True, stdin=subprocess.DEVNULL, timeout=180, cwd=ROOT)
-    line = [l for l in r.stderr.splitlines() if l.startswith("PROBE ")]
+    line = [ln for ln in r.stderr.splitlines() if ln.startswith("PROBE ")]
     assert line, r.stderr[-2000:]
     return json.loads(line[-1][6:])
 
@@ -187,3 +187,9 @@ def test_a_bad_set_value_names_the_field():
     r = run_script("check", "--validator", "builtin", "--set", "model.tensor_model_parallel_size=0")
     assert r.returncode == 2
     assert "tensor_model_parallel_size" in r.stderr and "Traceback" not in r.stderr
+
+
+@pytest.mark.parametrize("tool", sorted(SCRIPT_OF))
+def test_usage_names_the_script_the_user_ran(tool, run_tool):
+    p = run_tool(tool, "--help")
+    assert p.returncode == 0 and p.stdout.startswith(f"usage: {SCRIPT_OF[tool]}")

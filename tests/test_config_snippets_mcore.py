@@ -51,7 +51,7 @@ MATRIX = [
     (R.full("uniform", 2, distribute=True), TP2_NO_SP),
     (R.full("block", 4, distribute=True), TP2_NO_SP),
 ]
-IDS = [f"{s.name()}{'-dist' if s.distribute_saved_activations else ''}" for s, _ in MATRIX]
+IDS = [f"{s.slug()}{'-dist' if s.distribute_saved_activations else ''}" for s, _ in MATRIX]
 
 
 @pytest.fixture(scope="module")

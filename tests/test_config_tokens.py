@@ -35,7 +35,7 @@ SETTINGS = [
     R.full("uniform", 1), R.full("uniform", 3), R.full("block", 1), R.full("block", 6),
     R.full("uniform", 2, distribute=True), R.full("block", 4, distribute=True),
 ]
-IDS = [f"{s.name()}{'-dist' if s.distribute_saved_activations else ''}"
+IDS = [f"{s.slug()}{'-dist' if s.distribute_saved_activations else ''}"
        f"{'-default' if s.granularity == 'selective' and s.modules is None else ''}" for s in SETTINGS]
 
 # what a recipe may already hold: full/block/5 and leftover labels, distribute on
@@ -181,7 +181,7 @@ def test_mlm_flag_spellings_match_the_installed_config(mlm_parser):
 
 
 @pytest.mark.parametrize("setting", [s for s in SETTINGS if not (
-    s.granularity == "selective" and s.modules is not None and not s.modules)], ids=lambda s: s.name())
+    s.granularity == "selective" and s.modules is not None and not s.modules)], ids=lambda s: s.slug())
 def test_mlm_flags_parse_back_to_the_setting(mlm_parser, setting):
     ns, rest = mlm_parser.parse_known_args(snippets.render(setting, "mlm"))
     assert rest == []

@@ -292,7 +292,7 @@ def test_from_plan_reads_what_plan_json_writes(checkout, tmp_path):
     runs = json.loads(proc.stdout)["runs"]
     assert runs[0]["name"] == "empty"
     # the plan's short list is what gets swept, the recommendation among it
-    assert [r["name"] for r in runs] == [RecomputeSetting.parse(t).name() for t in data["harness_candidates"]]
+    assert [r["name"] for r in runs] == [RecomputeSetting.parse(t).slug() for t in data["harness_candidates"]]
     got = {json.dumps(r["setting"], sort_keys=True) for r in runs}
     for e in [data["recommendation"]]:
         fields = {k: e[k] for k in ("recompute_granularity", "recompute_modules", "recompute_method",

@@ -21,7 +21,7 @@ from mbridge_recompute.logs import (
 )
 
 
-def parse(name: str) -> runlog.Run:
+def parse(name: str) -> runlog.RunLogLog:
     return runlog.parse_file(FIXTURES / name)
 
 

@@ -14,7 +14,8 @@ from mbridge_recompute.facts import card
 
 from conftest import ROOT
 
-spec = importlib.util.spec_from_file_location("gpu_probe_compare", ROOT / "benchmarks" / "gpu_probe_compare.py")
+spec = importlib.util.spec_from_file_location("gpu_probe_compare",
+                                              ROOT / "benchmarks" / "gpu_probe_compare.py")
 compare = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(compare)
 

@@ -181,8 +181,8 @@ def test_check_and_plan_agree_on_applicability_for_every_catalog_model_and_label
     from mbridge_recompute.rules import check_workload
 
     w = load_workload(model=model, mcore_version="0.16.1")
-    base = {f["id"] for f in check_workload(w.replace(recompute_granularity="selective", recompute_modules=[]),
-                                            "builtin", "0.16.1")["findings"]}
+    control = w.replace(recompute_granularity="selective", recompute_modules=[])
+    base = {f["id"] for f in check_workload(control, "builtin", "0.16.1")["findings"]}
     for eff in label_effects(w, "0.16.1"):
         ws = w.replace(recompute_granularity="selective", recompute_modules=[eff.label])
         new = [f for f in check_workload(ws, "builtin", "0.16.1")["findings"] if f["id"] not in base]

@@ -153,7 +153,8 @@ def test_optimizer_bytes_per_param_knob_replaces_adam_fp32_states():
 def test_estimate_is_plain_data_with_sentences_for_assumptions():
     import json
     w = deepseek_v3(tensor_model_parallel_size=2, sequence_parallel=True,
-                    pipeline_model_parallel_size=4, num_layers_in_first_pipeline_stage=13, expert_model_parallel_size=8, num_gpus=256,
+                    pipeline_model_parallel_size=4, num_layers_in_first_pipeline_stage=13,
+                    expert_model_parallel_size=8, num_gpus=256,
                     fp8="hybrid", fp8_recipe="blockwise")
     est = estimate(w)
     data = json.loads(json.dumps(est.as_dict()))

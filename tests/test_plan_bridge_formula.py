@@ -30,7 +30,8 @@ def test_formula_ignores_every_recompute_setting():
 def test_formula_counts_moe_width_as_topk_experts_plus_shared():
     w = load_workload(str(EXAMPLES / "moonlight_16b.yaml"))
     wider = w.replace(moe_router_topk=w.moe_router_topk + 1)
-    s, b, h, layers, t = w.seq_length, w.micro_batch_size, w.hidden_size, w.num_layers, w.tensor_model_parallel_size
+    s, b, h = w.seq_length, w.micro_batch_size, w.hidden_size
+    layers, t = w.num_layers, w.tensor_model_parallel_size
     moe_layers = w.layer_kinds().count("attn+moe")
     # one more expert per token adds 4 * moe_ffn / h per MoE layer, averaged over the layers, times L
     expected = s * b * h * 4 * (moe_layers * w.moe_ffn_hidden_size) / (layers * h) * layers / t

@@ -129,7 +129,8 @@ def test_the_live_validator_names_the_installed_release(release):
 def test_0_19_2_rejects_what_its_transformer_config_rejects_without_it_installed(run_tool):
     """--mcore-version 0.19.2 on the builtin table: gdp_qkv is not a 0.19 label."""
     p = run_tool("check", "--validator", "builtin", "--mcore-version", "0.19.2", "--json",
-                 "--set", "model.recompute_granularity=selective", "--set", "model.recompute_modules=[gdp_qkv]")
+                 "--set", "model.recompute_granularity=selective",
+                 "--set", "model.recompute_modules=[gdp_qkv]")
     assert p.returncode != 0 and "gdp_qkv" in (p.stdout + p.stderr)
     live = differential("0.19.2")
     gdp = next(r for r in live["results"] if r["name"] == "30 sel gdp_qkv")

@@ -108,7 +108,8 @@ def test_dominated_candidates_are_marked_and_the_frontier_is_undominated(moonlig
         assert not any(o["peak_bytes"] <= f["peak_bytes"] and o["cost_pct"] <= f["cost_pct"]
                        and (o["peak_bytes"] < f["peak_bytes"] or o["cost_pct"] < f["cost_pct"])
                        for o in allowed)
-    assert {f["name"] for f in moonlight_plan["frontier"]} == {c["name"] for c in allowed if not c["dominated"]}
+    undominated = {c["name"] for c in allowed if not c["dominated"]}
+    assert {f["name"] for f in moonlight_plan["frontier"]} == undominated
 
 
 def test_recommendation_is_the_cheapest_candidate_that_fits(moonlight, moonlight_plan):

@@ -376,8 +376,8 @@ def test_claim_missing_lm_loss_is_a_failure(tmp_path):
     control, candidate = _copy_runs(EXAMPLES / "logs" / "moonlight16b", tmp_path, ["empty", "moe_act"])
     log = candidate / "log.txt"
     lines = log.read_text().splitlines(keepends=True)
-    dropped = [re.sub(r"lm loss: [^|]*\| ", "", l) if re.search(r"iteration\s+1[5-9]/", l) else l
-               for l in lines]
+    dropped = [re.sub(r"lm loss: [^|]*\| ", "", ln) if re.search(r"iteration\s+1[5-9]/", ln) else ln
+               for ln in lines]
     assert dropped != lines
     log.write_text("".join(dropped))
     r = run_script("compare", control, candidate, "--json")

@@ -159,9 +159,9 @@ def test_skill_md_links_every_reference_and_says_when_to_read_it():
     assert REQUIRED_REFERENCES <= names
     text = SKILL.read_text()
     for name in names:
-        lines = [l for l in text.splitlines() if f"](references/{name})" in l]
+        lines = [ln for ln in text.splitlines() if f"](references/{name})" in ln]
         assert lines, f"SKILL.md does not link references/{name}"
-        assert any("Read" in l for l in lines), f"SKILL.md does not say when to read {name}"
+        assert any("Read" in ln for ln in lines), f"SKILL.md does not say when to read {name}"
 
 
 def test_long_references_have_a_table_of_contents():

@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import sys
+from pathlib import Path
 
 from mbridge_recompute import __version__
 from mbridge_recompute.errors import EXIT_BAD_INPUT, InputError
@@ -46,11 +47,17 @@ def _top_parser() -> argparse.ArgumentParser:
     return p
 
 
+def _prog(name: str) -> str:
+    """What the user ran: `check_config.py` for the script, `mbridge-recompute check` otherwise."""
+    ran = Path(sys.argv[0]).name if sys.argv and sys.argv[0] else ""
+    return ran if ran.endswith(".py") and ran != "__main__.py" else f"mbridge-recompute {name}"
+
+
 def build_parser(name: str):
     """The parser of one subcommand and its module."""
     module_name, help_line = SUBCOMMANDS[name]
     module = importlib.import_module(f"mbridge_recompute.commands.{module_name}")
-    prog = f"mbridge-recompute {name}"
+    prog = _prog(name)
     parser = _Parser(prog=prog, description=getattr(module, "DESCRIPTION", help_line),
                      formatter_class=argparse.RawDescriptionHelpFormatter,
                      epilog=getattr(module, "EPILOG", None))

@@ -9,10 +9,6 @@ import json
 import sys
 from typing import Any, Callable, Iterable, Sequence
 
-# Decimal GB: Bridge's runtime memory report (mem-max-allocated-gigabytes) divides bytes by 1e9,
-# so every GB this package reads, predicts or prints is decimal too.
-GB = 1e9
-
 
 def emit(report: Any, as_json: bool, text: Callable[[Any], str]) -> None:
     """Print `report` as one JSON object (a dict, or a typed report's `to_dict()`) or as text."""
@@ -38,9 +34,6 @@ def table(headers: Sequence[str], rows: Iterable[Sequence[Any]], align: str | No
     lines += [fmt(r) for r in cells[1:]]
     return "\n".join(lines)
 
-
-def gib(nbytes: float) -> str:
-    return f"{nbytes / 2**30:.2f}"
 
 
 def warn(message: str) -> None:

@@ -75,8 +75,9 @@ class RecomputeSetting:
                 "recompute_modules": list(self.modules) if self.modules is not None else None,
                 "recompute_method": self.method, "recompute_num_layers": self.num_layers}
 
-    def name(self) -> str:
-        """Short, file-name-safe name: off, empty, core_attn, layernorm+moe_act, uniform2, block4."""
+    def slug(self) -> str:
+        """File-name-safe name (run directories, -wdj names): off, empty, core_attn,
+        layernorm+moe_act, uniform2, block4. The candidate string is `candidate()`."""
         if self.granularity is None:
             return "off"
         if self.granularity == "full":

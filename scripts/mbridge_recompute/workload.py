@@ -185,7 +185,8 @@ class Workload:
     fp8_param: bool = _f(False)
     """Keep the parameters themselves in FP8."""
     fp4: Optional[Literal["e2m1"]] = _f(None)
-    """FP4 format of the linear layers (megatron-core knows e2m1; the recipe is fp4_recipe); None is no FP4."""
+    """FP4 format of the linear layers (megatron-core knows e2m1; the recipe is fp4_recipe); None is
+    no FP4."""
     activation_func_fp8_input_store: bool = _f(False)
     """SwiGLU keeps its input in FP8."""
     # --- CUDA graphs ------------------------------------------------------------------------

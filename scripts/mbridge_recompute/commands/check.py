@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from mbridge_recompute.errors import EXIT_OK, EXIT_PROBLEM
 from mbridge_recompute.inputs.loading import add_workload_arguments, load_workload
+from mbridge_recompute.rules.findings import errors
 
 DESCRIPTION = ("Check a workload's recompute setting against every known constraint: "
                "megatron-core's own TransformerConfig when installed (live), else the built-in "
@@ -69,6 +70,6 @@ def render(report: dict) -> str:
             if f.get("citation"):
                 lines.append(f"      source: {f['citation']} ({f['source']})")
     lines.append("")
-    n_err = sum(f["severity"] == "error" for f in findings)
+    n_err = len(errors(findings))
     lines.append("ok: no error findings" if report["ok"] else f"FAILED: {n_err} error finding(s)")
     return "\n".join(lines)

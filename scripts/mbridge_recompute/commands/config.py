@@ -12,7 +12,9 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
+from mbridge_recompute import files
 from mbridge_recompute.errors import EXIT_OK, EXIT_PROBLEM, InputError
+from mbridge_recompute.rules.findings import errors
 
 DESCRIPTION = ("Write a recompute setting as Bridge Python, Bridge YAML, Hydra overrides, "
                "perf-harness argv or Megatron-LM flags, after checking it against the workload.")
@@ -213,41 +215,23 @@ def _output_path(args):
             raise InputError("--force", "only with --output")
         return None
     path = Path(args.output)
-    if path.is_dir():
-        raise InputError("--output", f"{path} is a directory")
-    if path.exists() and not args.force:
-        raise InputError("--output", f"{path} exists; pass --force to overwrite it")
-    if not path.parent.is_dir():
-        raise InputError("--output", f"no such directory: {path.parent}")
+    files.check_target(path, args.force, "--output")
     return path
-
-
-def _write(path: Path, text: str, force: bool) -> None:
-    # "x" refuses a file that appeared since _output_path looked
-    try:
-        with open(path, "w" if force else "x", encoding="utf-8") as fh:
-            fh.write(text)
-    except FileExistsError:
-        raise InputError("--output", f"{path} exists; pass --force to overwrite it") from None
-    except OSError as exc:
-        raise InputError("--output", f"cannot write {path}: {exc.strerror}") from None
 
 
 def _refusal_text(setting, check: dict) -> str:
     lines = [f"refused: {setting.describe()} breaks "
              + ("this workload's" if check["checked_against"] == "workload" else "its own")
              + " constraints:"]
-    for f in check["findings"]:
-        if f["severity"] == "error":
-            lines.append(f"  {f['id']}: {f['message']}")
-            lines.append(f"    fix: {f['fix']}")
+    for f in errors(check["findings"]):
+        lines.append(f"  {f['id']}: {f['message']}")
+        lines.append(f"    fix: {f['fix']}")
     return "\n".join(lines)
 
 
 def run(args) -> int:
-    import json
-
     from mbridge_recompute.facts import releases
+    from mbridge_recompute.output import emit
     from mbridge_recompute.write import snippets
 
     release = releases.target(args.mcore_version)
@@ -264,12 +248,12 @@ def run(args) -> int:
                              f"{exc.reason}") from None
 
     check = check_setting(setting, args, version)
-    report: dict = {"ok": check["ok"], "setting": fields, "name": setting.name(),
+    report: dict = {"ok": check["ok"], "setting": fields, "name": setting.slug(),
                     "description": setting.describe(), "check": check}
     if not check["ok"]:
-        report["refused"] = [f for f in check["findings"] if f["severity"] == "error"]
+        report["refused"] = errors(check["findings"])
         if args.json:
-            sys.stdout.write(json.dumps(report, indent=2, default=str) + "\n")
+            emit(report, True, None)
         sys.stderr.write(_refusal_text(setting, check) + "\n")
         return EXIT_PROBLEM
 
@@ -281,7 +265,7 @@ def run(args) -> int:
                          "(give WORKLOAD.yaml or --model for the full check)\n")
 
     if out_path:
-        _write(out_path, snippets.as_text(wanted), args.force)
+        files.write(out_path, snippets.as_text(wanted), args.force, "--output")
         sys.stderr.write(f"wrote the {args.format} snippet to {out_path}\n")
 
     if args.json:
@@ -292,7 +276,7 @@ def run(args) -> int:
             report["unexpressible"] = unexpressible
         report["format"] = args.format
         report["output"] = str(out_path) if out_path else None
-        sys.stdout.write(json.dumps(report, indent=2, default=str) + "\n")
+        emit(report, True, None)
     elif not out_path:
         sys.stdout.write(snippets.as_text(wanted))
     return EXIT_OK

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from mbridge_recompute import files
 from mbridge_recompute.errors import EXIT_OK, EXIT_PROBLEM, InputError
-from mbridge_recompute.output import GB
+from mbridge_recompute.units import GB, gb
 
 DESCRIPTION = ("Estimate per-pipeline-rank memory, each recompute label's saving and replay cost, "
                "and recommend the cheapest recompute setting whose predicted peak fits the budget. "
@@ -34,7 +35,9 @@ def add_arguments(parser) -> None:
     cal.add_argument("--measured", metavar="COMPARE.json",
                      help="`compare --json` output; its control run's peak_allocated_gb anchors predictions")
     parser.add_argument("--json", action="store_true", help="one JSON object on stdout (sizes in bytes)")
-    parser.add_argument("--plot", metavar="FILE.png", help="draw per-rank stacked memory bars and the memory/cost frontier (needs matplotlib)")
+    parser.add_argument("--plot", metavar="FILE.png",
+                        help="draw per-rank stacked memory bars and the memory/cost frontier "
+                             "(needs matplotlib)")
     parser.add_argument("--force", action="store_true", help="overwrite the --plot file if it exists")
     parser.add_argument("--top", type=int, metavar="N",
                         help="keep only the N frontier points nearest the recommendation in cost "
@@ -51,7 +54,7 @@ def run(args) -> int:
     if args.top is not None and args.top < 1:
         raise InputError("--top", f"must be >= 1, got {args.top}")
     if args.plot:
-        _check_plot_target(Path(args.plot), args.force)
+        files.check_target(Path(args.plot), args.force, "--plot", (".png", ".svg", ".pdf"))
     from mbridge_recompute.facts import releases
 
     release = releases.target(args.mcore_version)
@@ -67,7 +70,7 @@ def run(args) -> int:
 
         report.extra["model_source"] = catalog.describe(args.model)
     if args.plot:
-        report.extra["plot"] = _plot(report, Path(args.plot))
+        report.extra["plot"] = _plot(report, Path(args.plot), args.force)
     from mbridge_recompute.output import emit
 
     emit(report, args.json, render_text)
@@ -76,8 +79,6 @@ def run(args) -> int:
 
 # --------------------------------------------------------------------------- text
 
-def _gb(n) -> str:
-    return f"{n / GB:.2f}"
 
 
 TEXT_FRONTIER_ROWS = 15      # frontier rows in the text report when --top is not given
@@ -92,7 +93,7 @@ def render_text(r) -> str:
            f"MBS {wl['micro_batch_size']}, {wl['num_microbatches']} micro-batches, "
            f"{wl['gpu_memory_gb']:g} GB GPUs; recompute now: {wl['recompute']}",
            f"megatron-core {r.release.name}: {r.release.how}",
-           f"budget: {_gb(r.budget_bytes)} GB per GPU (sizes below in decimal GB)"]
+           f"budget: {gb(r.budget_bytes)} GB per GPU (sizes below in decimal GB)"]
     m = r.extra.get("model_source")
     if m:
         out.append(f"model: {m['title']} (catalog '{m['name']}'); layout: "
@@ -103,7 +104,7 @@ def render_text(r) -> str:
         out += _rank_table(r) + [""] + _label_table(r) + [""] + _frontier_table(r) + [""]
     cur = r.current
     if cur is not None:
-        out.append(f"current setting {cur.setting.describe()}: predicted peak {_gb(cur.peak_bytes)} GB, "
+        out.append(f"current setting {cur.setting.describe()}: predicted peak {gb(cur.peak_bytes)} GB, "
                    f"replay cost {cur.cost_pct:.2f} %, "
                    + ("fits" if cur.fits else "does not fit" if cur.allowed else
                       "rejected: " + ", ".join(cur.rejected_by)))
@@ -117,8 +118,8 @@ def render_text(r) -> str:
 
         verdict = "fits" if r.fits else "does NOT fit"
         out.append(f"recommendation: {rec.setting.describe()} ({rec.name}): predicted peak "
-                   f"{_gb(rec.peak_bytes)} GB on pp_rank {rec.hottest_pp_rank}, replay cost "
-                   f"{rec.cost_pct:.2f} %, {verdict} the {_gb(r.budget_bytes)} GB budget")
+                   f"{gb(rec.peak_bytes)} GB on pp_rank {rec.hottest_pp_rank}, replay cost "
+                   f"{rec.cost_pct:.2f} %, {verdict} the {gb(r.budget_bytes)} GB budget")
         snip = render_all(rec.setting)
         if snip.get("yaml"):
             out += ["", "Bridge YAML:", snip["yaml"].rstrip()]
@@ -150,10 +151,10 @@ def _rank_table(r) -> list:
     headers += ["activations", "transient", "peak", "peak term"]
     rows = []
     for rank in ranks:
-        row = [rank.pp_rank, _gb(rank.static_bytes)] + [_gb(rank.activations.get(k, 0)) for k in shown]
+        row = [rank.pp_rank, gb(rank.static_bytes)] + [gb(rank.activations.get(k, 0)) for k in shown]
         if len(comps) > len(shown):
-            row.append(_gb(sum(v for k, v in rank.activations.items() if k not in shown)))
-        row += [_gb(rank.activation_bytes), _gb(rank.transient_bytes), _gb(rank.peak_bytes),
+            row.append(gb(sum(v for k, v in rank.activations.items() if k not in shown)))
+        row += [gb(rank.activation_bytes), gb(rank.transient_bytes), gb(rank.peak_bytes),
                 rank.peak_term]
         rows.append(row)
     return [f"memory per pipeline rank (current setting; hottest rank {r.hottest_pp_rank})",
@@ -163,7 +164,7 @@ def _rank_table(r) -> list:
 def _label_table(r) -> list:
     from mbridge_recompute.output import table
 
-    rows = [[e.label, "yes" if e.applicable else "no", _gb(e.saving_bytes) if e.applicable else "-",
+    rows = [[e.label, "yes" if e.applicable else "no", gb(e.saving_bytes) if e.applicable else "-",
              f"{e.cost_pct:.2f}" if e.applicable else "-", e.reason] for e in r.labels]
     return ["recompute labels (saving on the hottest rank vs the [] control)",
             table(["label", "applies", "saving GB", "cost %", "why"], rows, "llrrl")]
@@ -174,7 +175,7 @@ def _frontier_table(r) -> list:
 
     front = r.shown_frontier
     limit = r.top or TEXT_FRONTIER_ROWS
-    rows = [[c.name, _gb(c.peak_bytes), f"{c.cost_pct:.2f}", "yes" if c.fits else "no", c.peak_term]
+    rows = [[c.name, gb(c.peak_bytes), f"{c.cost_pct:.2f}", "yes" if c.fits else "no", c.peak_term]
             for c in front[:limit]]
     more = len(front) - min(limit, len(front))
     dominated = sum(1 for c in r.candidates if c.dominated_by is not None)
@@ -193,18 +194,7 @@ def _frontier_table(r) -> list:
 
 # --------------------------------------------------------------------------- plot
 
-def _check_plot_target(path: Path, force: bool) -> None:
-    if path.suffix.lower() not in (".png", ".svg", ".pdf"):
-        raise InputError("--plot", f"{path}: use a .png, .svg or .pdf file name")
-    if path.is_dir():
-        raise InputError("--plot", f"{path} is a directory")
-    if path.exists() and not force:
-        raise InputError("--plot", f"{path} exists; pass --force to overwrite it")
-    if not path.parent.is_dir():
-        raise InputError("--plot", f"no such directory: {path.parent}")
-
-
-def _plot(r, path: Path) -> str:
+def _plot(r, path: Path, force: bool = False) -> str:
     try:
         import matplotlib
     except ImportError:
@@ -239,12 +229,14 @@ def _plot(r, path: Path) -> str:
     ax.legend(fontsize=8)
     ax.set_title("candidates: peak vs replay cost", fontsize=9)
     fig.tight_layout()
+    import io
+
+    buffer = io.BytesIO()
     try:
-        fig.savefig(path, dpi=120)
-    except OSError as exc:       # e.g. a read-only directory
-        raise InputError("--plot", f"cannot write {path}: {exc.strerror or exc}") from None
+        fig.savefig(buffer, dpi=120, format=path.suffix.lower().lstrip("."))
     finally:
         plt.close(fig)
+    files.write(path, buffer.getvalue(), force, "--plot")   # exclusive, or atomic with --force
     return str(path)
 
 

@@ -125,7 +125,8 @@ def target(requested: Optional[str] = None, field: str = "--mcore-version") -> R
         return Release(key, installed, f"the installed megatron-core {installed} (package metadata)")
     newest = newest_release()
     return Release(newest, meta(newest)["newest"],
-                   f"no megatron-core installed here: the newest release the card covers, {meta(newest)['newest']}")
+                   "no megatron-core installed here: the newest release the card covers, "
+                   f"{meta(newest)['newest']}")
 
 
 def target_version() -> str:

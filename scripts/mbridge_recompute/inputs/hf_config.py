@@ -105,7 +105,8 @@ def convert(data: dict, path: Path = Path("config.json")) -> tuple[dict, list[st
     for hf_key, field in DIRECT.items():
         if hf_key in data and data[hf_key] is not None:
             value = data[hf_key]
-            if isinstance(value, (int, float)) and not isinstance(value, bool) and field != "attention_dropout":
+            is_number = isinstance(value, (int, float)) and not isinstance(value, bool)
+            if is_number and field != "attention_dropout":
                 value = _int(data, hf_key, path)
             out[field] = value
         elif hf_key == "q_lora_rank" and hf_key in data:

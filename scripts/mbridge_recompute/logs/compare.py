@@ -32,7 +32,7 @@ from functools import reduce
 from typing import Optional
 
 from mbridge_recompute.errors import InputError
-from mbridge_recompute.logs.runlog import Run
+from mbridge_recompute.logs.runlog import RunLog
 
 STATUSES = ("pass", "oom", "nan", "incomplete")
 CONTROL_NAMES = ("empty", "[]", "control")
@@ -57,12 +57,12 @@ MATCHED_FIELDS = (
 
 
 # ---------------------------------------------------------------- per run
-def log_interval(run: Run) -> int:
+def log_interval(run: RunLog) -> int:
     its = [it.iteration for it in run.iterations if it.iteration > 0]
     return reduce(math.gcd, its) if its else 1
 
 
-def steady_window(run: Run, steady_from: Optional[int], fraction: float) -> tuple:
+def steady_window(run: RunLog, steady_from: Optional[int], fraction: float) -> tuple:
     """(first, last) iteration of the steady window, or (None, None) without iteration lines."""
     total = run.target_iterations
     if total is None:
@@ -71,7 +71,7 @@ def steady_window(run: Run, steady_from: Optional[int], fraction: float) -> tupl
     return max(1, first), total
 
 
-def summarize(run: Run, steady_from: Optional[int] = None, fraction: float = 0.5,
+def summarize(run: RunLog, steady_from: Optional[int] = None, fraction: float = 0.5,
               min_steady: Optional[int] = None) -> dict:
     first, last = steady_window(run, steady_from, fraction)
     # one line per iteration (the last one printed: a duplicated or restarted log repeats lines)
@@ -150,11 +150,11 @@ def _mean(xs: list) -> Optional[float]:
 
 
 # ---------------------------------------------------------------- control & matching
-def is_control(run: Run) -> bool:
+def is_control(run: RunLog) -> bool:
     return run.setting == "[]" or run.name in CONTROL_NAMES
 
 
-def choose_control(runs: list, name: Optional[str]) -> Run:
+def choose_control(runs: list, name: Optional[str]) -> RunLog:
     if name is not None:
         for r in runs:
             if r.name == name:
@@ -229,7 +229,7 @@ def _is_number(tok: str) -> bool:
         return False
 
 
-def match(run: Run, control: Run) -> list:
+def match(run: RunLog, control: RunLog) -> list:
     """Reasons why `run` is not a matched comparison with `control` (empty: matched)."""
     if run is control:
         return []
@@ -332,7 +332,7 @@ def _disambiguate(runs: list) -> None:
                 r.name = parent
 
 
-def _deltas(row: dict, run: Run, control: Run, csum: dict) -> None:
+def _deltas(row: dict, run: RunLog, control: RunLog, csum: dict) -> None:
     common = run.report_points() & control.report_points()
     at = max(common) if common else None
     row["delta_at"] = at

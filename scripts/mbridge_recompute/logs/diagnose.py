@@ -35,9 +35,9 @@ from __future__ import annotations
 from typing import Optional
 
 from mbridge_recompute.logs import signatures
-from mbridge_recompute.logs.oom import GIB, OOMEvent
-from mbridge_recompute.logs.runlog import EXC_LINE, Run
-from mbridge_recompute.output import GB
+from mbridge_recompute.logs.oom import OOMEvent
+from mbridge_recompute.logs.runlog import EXC_LINE, RunLog
+from mbridge_recompute.units import GB, GIB
 
 RESERVED_OVER_ALLOCATED = 1.10      # "reserved >> allocated" in a memory report
 NEAR_CAPACITY = 0.85                 # allocated by PyTorch / capacity
@@ -68,14 +68,14 @@ def _gib(x: Optional[float]) -> str:
     return "?" if x is None else f"{x / GIB:.2f} GiB"
 
 
-def _report_for(run: Run, oom: OOMEvent):
+def _report_for(run: RunLog, oom: OOMEvent):
     reports = [m for m in run.memory if oom.rank is None or m.rank == oom.rank]
     if not reports:
         return None
     return max(reports, key=lambda m: (m.after, m.max_allocated_gb or 0.0))
 
 
-def classify_oom(run: Run, oom: OOMEvent) -> list:
+def classify_oom(run: RunLog, oom: OOMEvent) -> list:
     """The kinds (in report order) and their evidence for one OOM event."""
     out = []
     where = f"OOM at line {oom.line}" + (f" on rank {oom.rank}" if oom.rank is not None else "") \
@@ -132,7 +132,7 @@ def classify_oom(run: Run, oom: OOMEvent) -> list:
     return out
 
 
-def _oom_findings(run: Run) -> list:
+def _oom_findings(run: RunLog) -> list:
     grouped: dict = {}
     for oom in run.ooms:
         for kind, evidence in classify_oom(run, oom):
@@ -168,7 +168,7 @@ _CONFIG_FILES = ("transformer_config.py", "model_parallel_config.py", "training/
 _WRAPPER_EXC = ("ChildFailedError", "CalledProcessError", "SystemExit")
 
 
-def _error_findings(run: Run) -> list:
+def _error_findings(run: RunLog) -> list:
     sigs = signatures.all_signatures()
     found: dict = {}
     matched_lines: set = set()
@@ -219,7 +219,7 @@ def _error_findings(run: Run) -> list:
     return ordered + unknown
 
 
-def diagnose(run: Run) -> dict:
+def diagnose(run: RunLog) -> dict:
     findings = _oom_findings(run) + _error_findings(run)
     explained = any(f["kind"] in EXPLAINING_KINDS or
                     (f["kind"] in ("config", "runtime") and f["severity"] == "error") for f in findings)

@@ -30,8 +30,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Optional
 
-MIB = 2**20
-GIB = 2**30
+from mbridge_recompute.units import GIB, KIB, MIB, TIB
 
 _SIZE = r"([\d.]+)\s*(bytes|B|KiB|MiB|GiB|TiB)"
 # (a source line such as `except torch.OutOfMemoryError:` in a traceback is not an OOM)
@@ -45,7 +44,7 @@ OOM_ALLOC = re.compile(r"Of the allocated memory " + _SIZE + r" is allocated by 
                        + r" is reserved by PyTorch but unallocated")
 OOM_LEGACY = re.compile(r"\(GPU (\d+); " + _SIZE + r" total capacity; " + _SIZE + r" already allocated; "
                         + _SIZE + r" free; " + _SIZE + r" reserved in total by PyTorch\)")
-_UNIT = {"bytes": 1, "B": 1, "KiB": 2**10, "MiB": MIB, "GiB": GIB, "TiB": 2**40}
+_UNIT = {"bytes": 1, "B": 1, "KiB": KIB, "MiB": MIB, "GiB": GIB, "TiB": TIB}
 
 
 _BACKWARD_FUNCS = {"backward", "_engine_run_backward", "backward_step", "custom_backward", "run_backward"}

@@ -1,4 +1,4 @@
-"""Read a Megatron Bridge or Megatron-LM training log into a `Run` record.
+"""Read a Megatron Bridge or Megatron-LM training log into a `RunLog` record.
 
 The log contract (formats and the regexes below) comes from Bridge's
 `train_utils.py` and Megatron-LM's `training.py`; every regex names its line.
@@ -15,7 +15,7 @@ What this module tolerates, on purpose:
 
 Units: Bridge's runtime memory report is decimal GB (bytes / 1e9,
 train_utils.py:1203-1209); Megatron-LM's is MiB (common_utils.py:313-334), which
-is converted to decimal GB here so every peak in a `Run` is decimal GB;
+is converted to decimal GB here so every peak in a `RunLog` is decimal GB;
 theoretical lines are MiB (theoretical_memory_utils.py:340-353) and stay MiB.
 OOM sizes are kept in bytes.
 
@@ -32,8 +32,8 @@ from pathlib import Path
 from typing import Iterable, Optional
 
 from mbridge_recompute.errors import InputError
-from mbridge_recompute.logs.oom import GIB, MIB, Frame, OOMEvent, finite_or_none, oom_stage, parse_oom  # noqa: F401 (GIB, OOMEvent, parse_oom re-exported)
-from mbridge_recompute.output import GB
+from mbridge_recompute.logs.oom import Frame, OOMEvent, finite_or_none, oom_stage, parse_oom  # noqa: F401 (OOMEvent, parse_oom re-exported)
+from mbridge_recompute.units import GB, MIB
 
 # --- line prefixes added by launchers (torchrun --tee, PyTorch, srun --label, mpirun)
 # (PyTorch's `[rankN]: ` carries one space of its own; torchrun's `[defaultN]:` none)
@@ -140,7 +140,7 @@ class ErrorEvent:
 
 
 @dataclass
-class Run:
+class RunLog:
     name: str
     path: str = ""
     format: str = "unknown"          # "bridge", "mlm" or "unknown" (from the memory report style)
@@ -334,9 +334,9 @@ def read_text(path: Path) -> tuple:
     return text, text.count("\ufffd") - data.decode("utf-8", errors="ignore").count("\ufffd")
 
 
-def parse_text(text: str, name: str = "log", path: str = "") -> Run:
+def parse_text(text: str, name: str = "log", path: str = "") -> RunLog:
     """Parse a whole log's text. Never raises on content."""
-    run = Run(name=name, path=path)
+    run = RunLog(name=name, path=path)
     run.truncated = bool(text) and not text.endswith("\n")
     streams: dict = {}
     last_logged = 0
@@ -501,7 +501,7 @@ def manifest_setting(manifest: Optional[dict]) -> Optional[str]:
     return None
 
 
-def parse_file(path: str | Path, name: Optional[str] = None) -> Run:
+def parse_file(path: str | Path, name: Optional[str] = None) -> RunLog:
     """Parse one log file (and its manifest.json when present)."""
     p = Path(path)
     manifest = read_manifest(p)
@@ -514,5 +514,5 @@ def parse_file(path: str | Path, name: Optional[str] = None) -> Run:
     return run
 
 
-def parse_lines(lines: Iterable[str], name: str = "log") -> Run:
+def parse_lines(lines: Iterable[str], name: str = "log") -> RunLog:
     return parse_text("\n".join(lines) + "\n", name=name)

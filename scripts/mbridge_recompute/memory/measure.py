@@ -157,7 +157,8 @@ def predict(w) -> dict:
     from mbridge_recompute.memory import estimate
     est = estimate(w)
     kind = "attn+moe" if w.num_moe_experts else "attn+mlp"
-    ids = 8 * w.seq_length * w.micro_batch_size * (2 if w.position_embedding_type == "learned_absolute" else 1)
+    positions = 2 if w.position_embedding_type == "learned_absolute" else 1
+    ids = 8 * w.seq_length * w.micro_batch_size * positions
     return {"layer": est.per_layer[kind]["total"], "rank_activations": est.ranks[0].activation_bytes,
             "comparable": est.ranks[0].activation_bytes - ids,
             "checkpoint": est.per_layer[kind]["full_recompute_keeps"],

@@ -36,6 +36,7 @@ from mbridge_recompute.memory.tensors import (
     rotary_freqs_bytes,
 )
 from mbridge_recompute.memory.types import DEFAULT_KNOBS, Knobs, MemoryEstimate, RankMemory
+from mbridge_recompute.units import GIB
 
 NONE = frozenset()
 
@@ -122,9 +123,9 @@ def chunk_memory(sh: Shape, kinds: tuple, mode: RecomputeMode, first: bool, last
             ck = checkpoint_bytes(sh, mode.distribute)
             saved += ck
             comp["checkpoints"] = comp.get("checkpoints", 0.0) + ck
-            ws = float(sum(layer_bytes(sh, k, NONE) for k in group))
-            if ws > replay:
-                replay, replay_layers = ws, len(group)
+            group_bytes = float(sum(layer_bytes(sh, k, NONE) for k in group))
+            if group_bytes > replay:
+                replay, replay_layers = group_bytes, len(group)
         else:
             for k in group:
                 saved += layer_bytes(sh, k, mode.mods)
@@ -182,7 +183,7 @@ def _optimizer_sentence(w, sh: Shape) -> str:
 
 
 def assumptions(w, sh: Shape, knobs: Knobs) -> list:
-    gib = knobs.residual_bytes / 2**30
+    gib = knobs.residual_bytes / GIB
     out = [
         f"Residual of {gib:.2f} GiB per GPU for the CUDA context, NCCL and Transformer Engine "
         "workspaces and allocator slack (not fragmentation).",

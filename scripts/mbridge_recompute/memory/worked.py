@@ -14,9 +14,8 @@ from mbridge_recompute.memory.peak import NONE
 from mbridge_recompute.memory.shape import shape_of
 from mbridge_recompute.memory.tensors import layer_bytes
 from mbridge_recompute.memory.types import DEFAULT_KNOBS, PAPER_KNOBS
+from mbridge_recompute.units import GIB
 from mbridge_recompute.workload import Workload
-
-GIB = 2**30
 
 
 def llama(s, t, h, a, g, f, impl="transformer_engine", **kw) -> Workload:

@@ -6,8 +6,8 @@ import math
 from typing import Optional
 
 from mbridge_recompute.errors import InputError
-from mbridge_recompute.output import GB
 from mbridge_recompute.plan.report import Calibration
+from mbridge_recompute.units import GB
 
 HEADROOM_FRACTION = 0.05      # default budget: GPU memory minus max(5 %, 2 GB)
 HEADROOM_MIN_GB = 2.0

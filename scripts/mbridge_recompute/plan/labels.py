@@ -16,6 +16,7 @@ from mbridge_recompute.memory.tensors import layer_bytes
 from mbridge_recompute.memory.types import DEFAULT_KNOBS
 from mbridge_recompute.plan.pricing import Pricer
 from mbridge_recompute.plan.report import Candidate, LabelEffect
+from mbridge_recompute.rules.findings import errors
 from mbridge_recompute.setting import RecomputeSetting
 
 NONE = frozenset()
@@ -54,7 +55,7 @@ def evaluate_labels(pricer: Pricer, control: Candidate) -> tuple[list, dict]:
                                        0, zero, 0.0, {k: 0 for k in kinds}))
             continue
         modelled, drops = what_it_drops(w, label)
-        error = next((f for f in findings if f["severity"] == "error"), None)
+        error = next(iter(errors(findings)), None)
         if not modelled:
             reason = drops if error is None else _rejected(error)
             effects.append(LabelEffect(label, False, reason, 0, zero, 0.0, {k: 0 for k in kinds}))

@@ -9,14 +9,15 @@ from __future__ import annotations
 
 from typing import Optional
 
-from mbridge_recompute.output import GB
 from mbridge_recompute.placement import place
 from mbridge_recompute.plan.budget import budget_statement, gb_to_bytes, settle
 from mbridge_recompute.plan.labels import evaluate_labels
 from mbridge_recompute.plan.pricing import Pricer
 from mbridge_recompute.plan.report import Calibration, PlanReport
 from mbridge_recompute.plan.search import full_settings, mark_dominated, order, recommend, selective_settings
+from mbridge_recompute.rules.findings import errors
 from mbridge_recompute.setting import RecomputeSetting
+from mbridge_recompute.units import GB
 
 NEGLIGIBLE_FRACTION = 1e-3    # a label saving under 0.1 % of the control's peak cannot change a fit
 
@@ -35,14 +36,14 @@ def _refused(w, release, budget: int, assumptions: list, top) -> PlanReport:
     from mbridge_recompute.rules import check_workload
 
     report = check_workload(w, validator="builtin", version=release)
-    errors = [f for f in report["findings"] if f["severity"] == "error"]
     problems = ", ".join(p.cid for p in place(w, release.key).problems)
     return PlanReport(workload=workload_summary(w, RecomputeSetting.from_workload(w)),
                       budget_bytes=budget, estimate=None, labels=[], candidates=[], current=None,
                       recommendation=None, fits=False,
                       diagnosis=(f"megatron-core rejects this pipeline split ({problems}); "
                                  "fix the layer placement first"),
-                      calibration=None, workload_findings=errors, assumptions=assumptions, top=top,
+                      calibration=None, workload_findings=errors(report["findings"]), assumptions=assumptions,
+                      top=top,
                       release=release)
 
 
@@ -114,7 +115,8 @@ def plan(w, budget_gb: Optional[float] = None, measured_peak_gb: Optional[float]
     assumptions += [f"label {n}" for n in notes]
     if pricer.baseline_errors:
         assumptions.append("the workload has errors under every recompute setting ("
-                           + ", ".join(sorted(pricer.baseline_errors)) + "); candidates are judged on the rest")
+                           + ", ".join(sorted(pricer.baseline_errors))
+                           + "); candidates are judged on the rest")
     if calibration:
         assumptions.append(
             f"calibrated: the [] control's modelled peak {calibration.control_model_peak_bytes / GB:.2f} GB "
@@ -130,7 +132,7 @@ def plan(w, budget_gb: Optional[float] = None, measured_peak_gb: Optional[float]
         labels=effects, candidates=cands, current=current_cand, recommendation=rec, fits=fits,
         diagnosis=None if fits else diagnose_no_fit(current, rec, budget),
         calibration=calibration,
-        workload_findings=[f for f in pricer.baseline["findings"] if f["severity"] == "error"],
+        workload_findings=errors(pricer.baseline["findings"]),
         assumptions=assumptions, top=top, release=release)
 
 

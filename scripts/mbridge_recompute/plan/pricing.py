@@ -4,6 +4,7 @@ whether the checker allows it. The plan owns no memory arithmetic and no rules o
 from __future__ import annotations
 
 from mbridge_recompute.plan.report import Candidate
+from mbridge_recompute.rules.findings import errors
 from mbridge_recompute.setting import RecomputeSetting
 
 
@@ -16,10 +17,9 @@ class Pricer:
 
         self.w = w
         self.version = version
-        self._check = lambda ws: check_workload(ws, validator="builtin", version=version)
+        self._check = lambda with_setting: check_workload(with_setting, validator="builtin", version=version)
         self.baseline = self._check(RecomputeSetting.selective().apply(w))
-        self.baseline_errors = frozenset(f["id"] for f in self.baseline["findings"]
-                                         if f["severity"] == "error")
+        self.baseline_errors = frozenset(f["id"] for f in errors(self.baseline["findings"]))
 
     def findings(self, setting: RecomputeSetting) -> list:
         """The findings `setting` adds over the [] control."""
@@ -34,7 +34,6 @@ class Pricer:
         cost = float(memory.replay_cost_pct(with_setting)) if setting.granularity else 0.0
         if findings is None:
             findings = self.findings(setting)
-        errors = sorted({f["id"] for f in findings if f["severity"] == "error"})
         return Candidate(setting=setting, rank_peaks=tuple(int(r.peak_bytes) for r in est.ranks),
                          rank_terms=tuple(r.peak_term for r in est.ranks), cost_pct=cost,
-                         rejected_by=tuple(errors))
+                         rejected_by=tuple(sorted({f["id"] for f in errors(findings)})))

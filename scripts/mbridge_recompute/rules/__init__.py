@@ -69,4 +69,6 @@ def check_workload(w, validator: str = "builtin", version=None,
 
 def errors_only(report: dict) -> list[dict]:
     """The findings of a report that make it fail (severity "error")."""
-    return [f for f in report["findings"] if f["severity"] == "error"]
+    from mbridge_recompute.rules.findings import errors
+
+    return errors(report["findings"])

@@ -511,7 +511,8 @@ def _fused_group_mlp_fuser(s: State):
 @rule("fused-group-mlp-offload-with-partial-moe-offload")
 def _fused_group_mlp_partial(s: State):
     mods = set(s.w.offload_modules or [])
-    if s.w.fine_grained_activation_offloading and "fused_group_mlp" in mods and mods & {"expert_fc1", "moe_act"}:
+    partial = mods & {"expert_fc1", "moe_act"}
+    if s.w.fine_grained_activation_offloading and "fused_group_mlp" in mods and partial:
         return Hit(f"fused_group_mlp offloaded with {_fmt(sorted(mods & {'expert_fc1', 'moe_act'}))}")
 
 
@@ -553,7 +554,8 @@ def _graph_impl(s: State):
 
 @rule("cuda-graph-with-cpu-offloading")
 def _graph_cpu_off(s: State):
-    if s.graphs and s.w.cpu_offloading and s.impl not in s.params("cuda-graph-with-cpu-offloading").get("exempt", []):
+    exempt = s.params("cuda-graph-with-cpu-offloading").get("exempt", [])
+    if s.graphs and s.w.cpu_offloading and s.impl not in exempt:
         return Hit(f"cuda_graph_impl={s.impl} with cpu_offloading")
 
 
@@ -810,7 +812,8 @@ def _distribute_method(s: State):
 def _full(s: State, method: str) -> Optional[int]:
     """recompute_num_layers when full recompute with `method` is configured, else None."""
     w = s.w
-    if w.recompute_granularity == "full" and w.recompute_method == method and w.recompute_num_layers is not None:
+    if w.recompute_granularity == "full" and w.recompute_method == method \
+            and w.recompute_num_layers is not None:
         return w.recompute_num_layers
     return None
 

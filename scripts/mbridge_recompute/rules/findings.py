@@ -38,6 +38,11 @@ def finding(cid: str, source: str, version: str, detail: Optional[str] = None,
     return out
 
 
+def errors(findings: list[dict]) -> list[dict]:
+    """The findings that make a check fail (severity "error")."""
+    return [f for f in findings if f["severity"] == "error"]
+
+
 def sort_findings(findings: list[dict]) -> list[dict]:
     """Errors first, then warnings, then info; stable within a severity."""
     return sorted(findings, key=lambda f: _RANK.get(f["severity"], 99))
@@ -57,7 +62,7 @@ def dedupe(findings: list[dict]) -> list[dict]:
 
 def report(findings: list[dict], validator: str, version: str, **extra) -> dict:
     findings = sort_findings(dedupe(findings))
-    out = {"ok": not any(f["severity"] == "error" for f in findings),
+    out = {"ok": not errors(findings),
            "validator": validator, "version": version, "findings": findings}
     out.update(extra)
     return out

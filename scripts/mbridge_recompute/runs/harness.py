@@ -94,7 +94,7 @@ _NUM_GPUS = ("-ng", "--num_gpus")
 
 
 @dataclass
-class Run:
+class PlannedRun:
     """One run of the sweep: a candidate and the exact process to start."""
     name: str
     setting: RecomputeSetting
@@ -313,7 +313,7 @@ def build_sweep(repo: str, settings: Sequence[RecomputeSetting], passthrough: Se
                 out_dir: str, launcher: str = "local", gbs: Optional[int] = None,
                 seq: Optional[int] = None, env: Optional[dict] = None, name_prefix: str = "recompute",
                 python: str = "python", torchrun: str = "torchrun") -> Sweep:
-    """The matched sweep: one `Run` per setting, identical except for the recompute tokens."""
+    """The matched sweep: one `PlannedRun` per setting, identical except for the recompute tokens."""
     if launcher not in LAUNCHERS:
         raise InputError("--launcher", f"{launcher!r}: choose one of {', '.join(LAUNCHERS)}")
     repo_path = Path(repo).expanduser().resolve()
@@ -373,7 +373,7 @@ def build_sweep(repo: str, settings: Sequence[RecomputeSetting], passthrough: Se
     base_env.update(env or {})
     names = set()
     for s in settings:
-        name = s.name()
+        name = s.slug()
         if name in names:  # parse/plan already refuse duplicates; names must also be unique
             raise InputError("--candidates", f"two candidates share the run name {name!r}")
         names.add(name)
@@ -389,12 +389,12 @@ def build_sweep(repo: str, settings: Sequence[RecomputeSetting], passthrough: Se
             # (overrides.py:469-472) is already per run; a login-node path may not
             # exist inside the container.
             argv = [python, SETUP_EXPERIMENT, *tail]
-        sweep.runs.append(Run(name=name, setting=s, argv=argv, env=dict(base_env), cwd=str(repo_path),
+        sweep.runs.append(PlannedRun(name=name, setting=s, argv=argv, env=dict(base_env), cwd=str(repo_path),
                               run_dir=str(run_dir), recompute_tokens=rtoks))
     return sweep
 
 
-def harness_tail(run: Run) -> list:
+def harness_tail(run: PlannedRun) -> list:
     """The arguments Bridge's own argument parser sees (after the entry script)."""
     for entry in (BOOTSTRAP, SETUP_EXPERIMENT):
         if entry in run.argv:
@@ -402,7 +402,7 @@ def harness_tail(run: Run) -> list:
     return list(run.argv)
 
 
-def display(run: Run) -> str:
+def display(run: PlannedRun) -> str:
     """The run as one shell line for a person to read or paste (never executed)."""
     env = " ".join(f"{k}={shlex.quote(v)}" for k, v in run.env.items())
     cmd = " ".join(shlex.quote(a) for a in run.argv)

@@ -25,7 +25,7 @@ from typing import Callable, Optional
 
 from mbridge_recompute.errors import InputError
 from mbridge_recompute.logs.runlog import CONFIG_DUMP, LOG, MANIFEST
-from mbridge_recompute.runs.harness import Run, Sweep
+from mbridge_recompute.runs.harness import PlannedRun, Sweep
 
 OUR_FILES = (LOG, MANIFEST, CONFIG_DUMP)
 
@@ -138,7 +138,7 @@ class _Terminated(Exception):
     """SIGTERM to this tool: handled like Ctrl-C."""
 
 
-def launch_run(run: Run, base_manifest: dict, timeout: Optional[float], grace: float) -> dict:
+def launch_run(run: PlannedRun, base_manifest: dict, timeout: Optional[float], grace: float) -> dict:
     run_dir = Path(run.run_dir)
     env = dict(os.environ)
     overrides = dict(run.env)

@@ -19,7 +19,7 @@ import sys
 from pathlib import Path
 from typing import Sequence
 
-from mbridge_recompute.runs.harness import ARGUMENT_PARSER, Run, harness_tail
+from mbridge_recompute.runs.harness import ARGUMENT_PARSER, PlannedRun, harness_tail
 
 # Runs inside the checkout's interpreter: reads [[args...], ...] on stdin, prints one JSON line.
 _PROBE = r"""
@@ -50,7 +50,7 @@ print(json.dumps({"importable": True, "results": results}))
 """
 
 
-def check_runs(repo: str, runs: Sequence[Run], python: str = sys.executable, timeout: float = 120) -> dict:
+def check_runs(repo: str, runs: Sequence[PlannedRun], python: str = sys.executable, timeout: float = 120) -> dict:
     """{"checked": bool, "reason": str, "runs": {name: {"ok", "problems", ...}}}."""
     perf_dir = Path(repo) / Path(ARGUMENT_PARSER).parent
     if not (Path(repo) / ARGUMENT_PARSER).is_file():
@@ -74,7 +74,7 @@ def check_runs(repo: str, runs: Sequence[Run], python: str = sys.executable, tim
     return {"checked": True, "reason": "", "runs": out}
 
 
-def _judge(run: Run, res: dict) -> dict:
+def _judge(run: PlannedRun, res: dict) -> dict:
     if not res.get("ok"):
         return {"ok": False, "problems": [f"argparse rejected the argv: {' '.join(res.get('error', []))}"]}
     problems = []
