@@ -16,7 +16,15 @@ Megatron-Core's arithmetic, followed here:
   there is one chunk (`get_num_layers_to_build` interleaves only when PP > 1);
 - hybrid (Mamba) stacks slice their layer pattern the same way but with a floor division in
   the even case, so a remainder is never built, and assert that there is no interleaving
-  (ssm/mamba_block.py:172-219 @ core_v0.16.1).
+  (ssm/mamba_block.py:172-219 @ core_v0.16.1);
+- an explicit `pipeline_model_parallel_layout` replaces all of the above: its stages, in
+  virtual-stage order, say how many decoder (`t`) and MTP (`m`) layers each holds; stage `i`
+  is rank `i % PP`'s chunk `i // PP`, and the number of stages over PP is the VPP size
+  (pipeline_parallel_layer_layout.py:24-83, 283-321 @ core_v0.16.1, unchanged to 0.19).
+  TransformerConfig then skips the uneven and accounting checks (tc:1306-1357).
+
+Multi-token prediction sits on the last virtual stage of the rank that holds `m` in a layout,
+else on the last pipeline rank's last chunk (`mtp_on_this_rank`, mtp:464-531 @ core_v0.16.1).
 
 A split Megatron-Core rejects (or, for hybrid stacks, builds wrong) is not placed:
 `Placement.problems` names each by its card constraint id (message, exception, citation and
@@ -26,6 +34,7 @@ for a release the card says it holds for.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from functools import lru_cache
 from typing import NamedTuple, Optional
@@ -42,6 +51,8 @@ class Placement:
     """Decoder layers per pipeline rank and model chunk, in Megatron-Core's virtual-stage order."""
     chunks: tuple          # [pp_rank][chunk] -> tuple of layer kinds ('attn+mlp', 'mamba', ...)
     problems: tuple        # Problem entries, in the order Megatron-Core checks them
+    mtp_at: Optional[tuple] = None   # (pp_rank, chunk) holding the MTP depths, None without MTP
+    mtp_layers: int = 0
 
     @property
     def ok(self) -> bool:
@@ -72,12 +83,22 @@ def place(w, version: Optional[str] = None) -> Placement:
     from mbridge_recompute.facts import releases
 
     v = releases.resolve_version(version) if version else releases.target_version()
-    return _place(v, tuple(w.layer_kinds()), bool(w.hybrid_override_pattern),
-                  w.pipeline_model_parallel_size,
-                  w.virtual_pipeline_model_parallel_size, w.num_layers_in_first_pipeline_stage,
-                  w.num_layers_in_last_pipeline_stage,
-                  bool(w.extra_model.get("account_for_embedding_in_pipeline_split")),
-                  bool(w.extra_model.get("account_for_loss_in_pipeline_split")))
+    emb = bool(w.extra_model.get("account_for_embedding_in_pipeline_split"))
+    loss = bool(w.extra_model.get("account_for_loss_in_pipeline_split"))
+    mtp = w.mtp_num_layers or 0
+    if w.pipeline_model_parallel_layout is not None and not w.hybrid_override_pattern:
+        return _place_layout(tuple(w.layer_kinds()), layout_key(w.pipeline_model_parallel_layout),
+                             w.pipeline_model_parallel_size, w.virtual_pipeline_model_parallel_size,
+                             w.num_layers_in_first_pipeline_stage,
+                             w.num_layers_in_last_pipeline_stage, emb, loss, mtp)
+    pl = _place(v, tuple(w.layer_kinds()), bool(w.hybrid_override_pattern),
+                w.pipeline_model_parallel_size,
+                w.virtual_pipeline_model_parallel_size, w.num_layers_in_first_pipeline_stage,
+                w.num_layers_in_last_pipeline_stage, emb, loss)
+    if mtp and pl.ok:
+        p = len(pl.chunks)
+        return Placement(pl.chunks, (), (p - 1, len(pl.chunks[-1]) - 1), mtp)
+    return pl
 
 
 def _holds(cid: str, version: str) -> bool:
@@ -204,3 +225,105 @@ def _place(version: str, kinds: tuple, hybrid: bool, p: int, v: Optional[int], f
             chunks[r][j] = kinds[i:i + size]
             i += size
     return Placement(tuple(tuple(rank) for rank in chunks), ())
+
+
+# --- explicit layouts -------------------------------------------------------------------
+# Layer names of the list form (LayerType members) and the characters of the string form
+# (pipeline_parallel_layer_layout.py:303-308 @ core_v0.16.1).
+LAYOUT_NAMES = {"embedding": "E", "loss": "L", "decoder": "t", "mtp": "m", "encoder": "#"}
+LAYOUT_CHARS = "ELtm"
+
+
+def layout_key(layout) -> tuple:
+    """A layout as MCore holds it, hashable: a tuple of stages, each a string of layer
+    characters (E embedding, L loss, t decoder, m MTP; ! a character the string form does not
+    know, # an encoder layer and ? a name that is no LayerType in the list form).
+
+    The string form is unrolled as `parse_str_to_list` does (commas dropped, `(X)*n` first,
+    then `x*n`, split on `|`; pipeline_parallel_layer_layout.py:283-321 @ core_v0.16.1); the
+    list form holds LayerType names per stage (:53-71).
+    """
+    if isinstance(layout, str):
+        text = layout.replace(",", "")
+        text = re.sub(r"\(([^)]+)\)\*(\d+)", lambda m: m.group(1) * int(m.group(2)), text)
+        text = re.sub(r"(.)\*(\d+)", lambda m: m.group(1) * int(m.group(2)), text)
+        return tuple("".join(c if c in LAYOUT_CHARS else "!" for c in stage)
+                     for stage in text.split("|"))
+    return tuple("".join(LAYOUT_NAMES.get(str(x).strip().lower(), "?") for x in stage)
+                 for stage in layout)
+
+
+def _layout_problems(stages: tuple, n: int, p: int, v: Optional[int], first, last,
+                     emb: bool, loss: bool, mtp: int) -> list[Problem]:
+    """TransformerConfig's and PipelineParallelLayerLayout's checks of a layout, in their order
+    (tc:1306-1357, pipeline_parallel_layer_layout.py:24-150 @ core_v0.16.1). Each stops
+    validation: megatron-core raises at the first."""
+    if first is not None or last is not None or emb or loss:
+        return [Problem("layout-with-other-pipeline-arguments",
+                        "pipeline_model_parallel_layout with num_layers_in_first/last_pipeline_stage "
+                        "or account_for_embedding/loss_in_pipeline_split")]
+    for stage in stages:         # the string form is parsed before anything else is checked
+        if "!" in stage:
+            return [Problem("layout-invalid-layer-character",
+                            "a character other than E, t, m, L in the layout string")]
+    if len(stages) % p:
+        return [Problem("layout-stages-not-divisible-by-pp",
+                        f"{len(stages)} stages over pipeline_model_parallel_size={p}")]
+    if any("?" in stage for stage in stages):
+        return [Problem("layout-invalid-layer-name",
+                        "a stage names a layer that is not a LayerType (embedding, decoder, mtp, "
+                        "loss, encoder)")]
+    detected = len(stages) // p
+    if v is not None and v != detected:
+        return [Problem("layout-vpp-conflict",
+                        f"virtual_pipeline_model_parallel_size={v}, the layout has {detected} "
+                        "virtual stages per rank")]
+    flat = "".join(stages)
+    checks = (
+        ("layout-first-not-embedding", not flat.startswith("E"), f"the layout starts with {flat[:1]!r}"),
+        ("layout-last-not-loss", not flat.endswith("L"), f"the layout ends with {flat[-1:]!r}"),
+        ("layout-embedding-not-once", flat.count("E") != 1, f"{flat.count('E')} embedding stages"),
+        ("layout-loss-not-once", flat.count("L") != 1, f"{flat.count('L')} loss stages"),
+        ("layout-decoder-count", flat.count("t") != n,
+         f"{flat.count('t')} decoder layers in the layout, num_layers={n}"),
+        ("layout-mtp-count", flat.count("m") != mtp,
+         f"{flat.count('m')} MTP layers in the layout, mtp_num_layers={mtp or None}"),
+        ("layout-decoder-after-mtp", "m" in flat and "t" in flat[flat.index("m"):],
+         "a decoder layer after an MTP layer"),
+    )
+    for cid, failed, detail in checks:
+        if failed:
+            return [Problem(cid, detail)]
+    grid = [[stages[j * p + r] for j in range(detected)] for r in range(p)]
+    for r in range(p):
+        for j in range(detected - 1):
+            if "m" in grid[r][j]:
+                return [Problem("layout-mtp-not-in-last-virtual-stage",
+                                f"MTP in chunk {j} of pp_rank {r} (of {detected})")]
+    for r in range(p):
+        if "m" in grid[r][-1] and grid[r][-1].count("m") != mtp:
+            return [Problem("layout-mtp-split",
+                            f"pp_rank {r} holds {grid[r][-1].count('m')} of {mtp} MTP layers")]
+    if "#" in flat:
+        return [Problem("layout-encoder-not-supported", "an encoder layer in the layout")]
+    return []
+
+
+@lru_cache(maxsize=512)
+def _place_layout(kinds: tuple, stages: tuple, p: int, v: Optional[int], first, last,
+                  emb: bool, loss: bool, mtp: int) -> Placement:
+    problems = _layout_problems(stages, len(kinds), p, v, first, last, emb, loss, mtp)
+    if problems:
+        return Placement((), tuple(problems))
+    vpp = len(stages) // p
+    chunks = [[()] * vpp for _ in range(p)]
+    i = 0
+    mtp_at = None
+    for s, stage in enumerate(stages):
+        r, j = s % p, s // p
+        size = stage.count("t")
+        chunks[r][j] = kinds[i:i + size]
+        i += size
+        if "m" in stage:
+            mtp_at = (r, j)
+    return Placement(tuple(tuple(rank) for rank in chunks), (), mtp_at, mtp if mtp_at else 0)

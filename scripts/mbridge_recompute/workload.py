@@ -94,7 +94,15 @@ class Workload:
     position_embedding_type: str = _f("rope", origin=PROVIDER)
     """rope, yarn, mrope (fresh q/k from a RoPE kernel), learned_absolute or none."""
     mtp_num_layers: Optional[int] = _f(None, bound=POSITIVE)
-    """Multi-token-prediction depth."""
+    """Multi-token-prediction depth: each depth is one more decoder layer (the spec of the last
+    one) with its own norms, eh_proj and a second pass through the output layer and loss."""
+    make_vocab_size_divisible_by: int = _f(128, bound=POSITIVE, origin=PROVIDER)
+    """The vocabulary is padded to a multiple of this x TP (Megatron-LM's
+    --make-vocab-size-divisible-by, Bridge's provider field)."""
+    should_pad_vocab: bool = _f(True, origin=PROVIDER)
+    """Pad the vocabulary at all. Megatron-LM always pads; Bridge pads when the vocabulary
+    comes from the tokenizer (training/setup.py:740-781 @ v0.6.0) and not when the provider
+    states a vocab_size at least the tokenizer's."""
     # MoE
     num_moe_experts: Optional[int] = _f(None, bound=POSITIVE)
     """Routed experts per MoE layer; None is a dense model."""
@@ -173,6 +181,10 @@ class Workload:
     """Uneven pipelines: megatron-core itself rejects values <= 0 (a checker finding)."""
     num_layers_in_last_pipeline_stage: Optional[int] = _f(None)
     """Uneven pipelines: layers of the last stage."""
+    pipeline_model_parallel_layout: Optional[Union[str, list[list[str]]]] = _f(None)
+    """Megatron's layout: a string such as 'Et*3|(tt|)*6mL' (E embedding, t decoder layer,
+    m MTP layer, L loss, | between virtual stages) or a list of stages of LayerType names.
+    Stage i is rank i % PP's chunk i // PP; the stage count over PP is the VPP size."""
     # --- precision --------------------------------------------------------------------------
     bf16: bool = _f(False)
     """bf16 weights and activations (with neither bf16 nor fp16, TransformerConfig trains in fp32)."""

@@ -21,6 +21,7 @@ from functools import lru_cache
 from typing import NamedTuple
 
 from mbridge_recompute.memory.recompute import chunk_groups, layout_of, modules_of
+from mbridge_recompute.placement import place
 from mbridge_recompute.memory.schedule import inflight_vectors
 from mbridge_recompute.memory.shape import Shape, shape_of
 from mbridge_recompute.memory.static import optimizer_state_bytes, rank_params, static_bytes
@@ -32,8 +33,12 @@ from mbridge_recompute.memory.tensors import (
     layer_components,
     layer_tensors,
     logits_transient,
+    mtp_loss_tensors,
+    mtp_tensors,
     output_tensors,
     rotary_freqs_bytes,
+    scores_bytes,
+    softmax_in_fp32,
 )
 from mbridge_recompute.memory.types import DEFAULT_KNOBS, Knobs, MemoryEstimate, RankMemory
 from mbridge_recompute.units import GIB
@@ -69,18 +74,61 @@ class ChunkMemory(NamedTuple):
     replay_layers: int
 
 
+def moe_dispatch_ws(sh: Shape) -> float:
+    """Token-dispatch buffers alive at once in one MoE layer's forward (beyond what the
+    experts keep), the larger of dispatch and combine (token_dispatcher.py @ d98e8a6):
+    - alltoall / flex: the permuted local copies [k*Tr, h], the received tokens [n, h], a
+      second [n, h] copy sorted by local expert when EP holds several experts (:664-790); the
+      combine mirrors it, with an fp32 [n, h] reduce-scatter input under ETP > 1 and an fp32
+      router (:796-908);
+    - allgather: the gather itself lands in the persistent global buffer (`global_buffer_bytes`);
+      combine unpermutes to [Tr*etp*ep, h] and reduce-scatters it, in fp32 with an fp32
+      router (:337-368).
+    """
+    e, h, n = sh.elt, sh.h, sh.n_routed()
+    if sh.dispatcher == "allgather":
+        gathered = sh.Tr * sh.etp * sh.ep
+        return (e + (4 if sh.router_fp32 and sh.etp * sh.ep > 1 else 0)) * h * gathered
+    copies = 2 if sh.E / sh.ep > 1 else 1
+    dispatch = e * h * (sh.k * sh.Tr + copies * n)
+    combine = dispatch + (4 * h * n if sh.router_fp32 and sh.etp > 1 else 0.0)
+    return combine
+
+
+def global_buffer_bytes(sh: Shape, kinds) -> float:
+    """megatron-core's global "mpu" memory buffer: one tensor, kept at the largest size ever
+    asked of it (utils.py:735-753 @ d98e8a6). Users: the unfused megatron-core attention scores
+    (dot_product_attention.py:188-200), the allgather dispatcher's token gather (:296-301) and
+    the sequence-parallel all-gather of megatron-core's own linears (local spec)."""
+    kinds = set(kinds)
+    out = 0.0
+    if sh.attn_core == "mcore" and any("attn" in k for k in kinds):
+        out = max(out, scores_bytes(sh))
+    if sh.dispatcher == "allgather" and sh.etp * sh.ep > 1 and any("moe" in k for k in kinds):
+        out = max(out, sh.elt * sh.h * sh.Tr * sh.etp * sh.ep)
+    if not sh.te and sh.sp and sh.t > 1:
+        out = max(out, sh.elt * sh.h * sh.T)
+    return out
+
+
 def _forward_ws(sh: Shape, kind: str) -> float:
     blocks = kind.split("+")
     gather = 0.0
-    if sh.sp and sh.t > 1:
-        gather = (sh.q_bytes if sh.te else sh.elt) * sh.h * sh.T
+    if sh.sp and sh.t > 1 and sh.te:
+        gather = sh.q_bytes * sh.h * sh.T     # TE's own all-gather (local spec: the global buffer)
     extra = 0.0
     if "attn" in blocks:
         heads = sh.a_ + 2 * sh.g_ if not sh.mla else 3 * sh.a_
         width = sh.d if not sh.mla else sh.dqk + sh.dr
         extra = max(extra, sh.elt * heads * width * sh.T)
+        if sh.attn_core != "te_fused":
+            # the scores (TE: a fresh tensor; megatron-core: the global buffer) and, on the
+            # fp32 softmax path, their fp32 copy next to the saved fp32 output
+            fresh = scores_bytes(sh) if sh.attn_core == "te_unfused" else 0.0
+            fp32_copy = 4 * scores_bytes(sh) / sh.elt if softmax_in_fp32(sh, sh.a_) else 0.0
+            extra = max(extra, fresh + fp32_copy)
     if "moe" in blocks:
-        extra = max(extra, sh.elt * sh.h * sh.n_routed())
+        extra = max(extra, moe_dispatch_ws(sh))
     return gather + extra
 
 
@@ -104,7 +152,10 @@ def _add(comp: dict, other: dict, scale: float = 1.0) -> None:
 
 @lru_cache(maxsize=4096)
 def chunk_memory(sh: Shape, kinds: tuple, mode: RecomputeMode, first: bool, last: bool,
-                 hold_output: bool) -> ChunkMemory:
+                 hold_output: bool, mtp: tuple = (), loss_depths: int = 0) -> ChunkMemory:
+    """What one model chunk keeps per micro-batch in flight, and its transients. `mtp` holds
+    the inner layer kind of each MTP depth on this chunk; `loss_depths` the MTP depths whose
+    loss this (last) chunk computes."""
     comp: dict = {}
     saved = 0.0
     replay = 0.0
@@ -136,18 +187,37 @@ def chunk_memory(sh: Shape, kinds: tuple, mode: RecomputeMode, first: bool, last
         for k in group:
             fwd = max(fwd, _forward_ws(sh, k))
             bwd = max(bwd, _bwd_ws(sh, k))
+    # MTP: full uniform recompute checkpoints each depth (recompute_num_layers must be 1, a
+    # checker finding otherwise); block skips MTP recompute (mtp-block-skips-recompute).
+    mtp_ckpt = full and mode.method == "uniform"
+    for inner in mtp:
+        for x in mtp_tensors(sh, inner, mode.mods, mtp_ckpt):
+            saved += x.nbytes
+            _add(comp, {x.component: x.nbytes})
+        if mtp_ckpt:
+            whole = float(sum(x.nbytes for x in mtp_tensors(sh, inner, NONE, False)))
+            if whole > replay:
+                replay, replay_layers = whole, 1
+        else:
+            d = _dropped(sh, inner, mode.mods)
+            if d > replay:
+                replay, replay_layers = d, 1
+        fwd = max(fwd, _forward_ws(sh, inner))
+        bwd = max(bwd, _bwd_ws(sh, inner))
+    ends = []
     if first:
-        for x in embedding_tensors(sh):
-            saved += x.nbytes
-            _add(comp, {x.component: x.nbytes})
+        ends += embedding_tensors(sh)
     if last:
-        for x in output_tensors(sh):
-            saved += x.nbytes
-            _add(comp, {x.component: x.nbytes})
+        ends += output_tensors(sh)
+        ends += [x for _ in range(loss_depths) for x in mtp_loss_tensors(sh)]
+    for x in ends:
+        saved += x.nbytes
+        _add(comp, {x.component: x.nbytes})
     if hold_output:
         # The stage output stays referenced until its backward unless
-        # deallocate_pipeline_outputs (Korthikanti et al. appendix B: sbh per micro-batch).
-        b = sh.elt * sh.h * sh.Tr
+        # deallocate_pipeline_outputs (Korthikanti et al. appendix B: sbh per micro-batch);
+        # a stage holding MTP sends the hidden states of every depth concatenated.
+        b = sh.elt * sh.h * sh.Tr * (1 + len(mtp))
         saved += b
         _add(comp, {"pipeline": b})
     return ChunkMemory(saved, comp, fwd, bwd, replay, replay_layers)
@@ -255,6 +325,9 @@ def estimate(w, knobs: Knobs = DEFAULT_KNOBS) -> MemoryEstimate:
     group = _group_size(w)
     extra = 1 if (w.overlap_moe_expert_parallel_comm and v > 1 and p > 1) else 0
     tied = bool(w.share_embeddings_and_output_weights)
+    pl = place(w)
+    depths = pl.mtp_layers
+    inner = tuple(w.layer_kinds()[-1:]) * depths       # MTP layers take the last layer's spec
     static_total_of = {}
     ranks = []
     for r in range(p):
@@ -263,7 +336,9 @@ def estimate(w, knobs: Knobs = DEFAULT_KNOBS) -> MemoryEstimate:
             first = r == 0 and j == 0
             last = r == p - 1 and j == v - 1
             hold = p > 1 and not sh.deallocate_outputs and not last
-            chunks.append(chunk_memory(sh, tuple(layout[r][j]), mode, first, last, hold))
+            mtp = inner if pl.mtp_at == (r, j) else ()
+            chunks.append(chunk_memory(sh, tuple(layout[r][j]), mode, first, last, hold,
+                                       mtp, depths if last else 0))
         vectors = inflight_vectors(p, v, M, r, group, extra)
         best = max(vectors, key=lambda vec: sum(c * ch.saved for c, ch in zip(vec, chunks)))
         activation = sum(c * ch.saved for c, ch in zip(best, chunks))
@@ -281,12 +356,15 @@ def estimate(w, knobs: Knobs = DEFAULT_KNOBS) -> MemoryEstimate:
             trans[TERM_LOGITS] = logits_transient(sh)
         term, transient = max(trans.items(), key=lambda kv: kv[1])
         kinds = [k for ch in layout[r] for k in ch]
-        params = rank_params(sh, kinds, r == 0, r == p - 1, tied, p)
+        here = pl.mtp_at is not None and pl.mtp_at[0] == r
+        params = rank_params(sh, kinds, r == 0, r == p - 1, tied, p,
+                             inner if here else (), here and pl.mtp_at != (0, 0))
         static = static_bytes(sh, params, dp=w.data_parallel_size,
                               distributed=bool(w.use_distributed_optimizer),
                               grad_fp32=bool(w.grad_reduce_in_fp32), fp8_param=bool(w.fp8_param),
                               residual=knobs.residual_bytes,
-                              optimizer_bytes=_optimizer_bytes(w, sh, knobs))
+                              optimizer_bytes=_optimizer_bytes(w, sh, knobs),
+                              global_buffer=global_buffer_bytes(sh, kinds + list(inner if here else ())))
         static_total = sum(static.values())
         static_total_of[r] = static_total
         activation_i = round(activation)

@@ -13,8 +13,33 @@ from typing import Optional
 
 # Positional encodings that produce fresh q/k tensors (a RoPE kernel writes new storage).
 ROTARY = ("rope", "yarn", "mrope")
-# MCore pads the vocabulary to a multiple of make_vocab_size_divisible_by x TP (default 128).
-VOCAB_DIVISOR = 128
+
+
+def attention_core(w) -> str:
+    """Which core-attention kernel runs, and so what it keeps for backward.
+
+    - "mcore": megatron-core's own DotProductAttention, the local spec's core attention and,
+      with the TE spec, what `attention_backend: local` swaps in (Bridge gpt_provider.py:277-279
+      @ v0.6.0; Megatron-LM training/models/gpt.py:301-304);
+    - "te_unfused": TEDotProductAttention with `attention_backend: unfused`, which makes TE run
+      its UnfusedDotProductAttention (NVTE_UNFUSED_ATTN=1 alone, language_module.py:108-152);
+    - "te_fused": TE's flash or cuDNN fused kernels (`auto`, `flash`, `fused`): q, k, v, the
+      output and fp32 softmax statistics, never the probabilities.
+    """
+    if w.transformer_impl != "transformer_engine" or w.attention_backend == "local":
+        return "mcore"
+    return "te_unfused" if w.attention_backend == "unfused" else "te_fused"
+
+
+def padded_vocab(w) -> int:
+    """The vocabulary the embedding and output layer hold: padded to a multiple of
+    make_vocab_size_divisible_by x TP (megatron/training/tokenizer/tokenizer.py:117-130 @
+    core_v0.16.1; build_tokenizer.py:133-146 @ d98e8a6) unless should_pad_vocab is off."""
+    vocab = w.vocab_size or 0
+    if not vocab or not w.should_pad_vocab:
+        return vocab
+    div = w.make_vocab_size_divisible_by * w.tensor_model_parallel_size
+    return -(-vocab // div) * div
 
 
 @dataclass(frozen=True)
@@ -67,7 +92,8 @@ class Shape:
     gdn_v: int             # linear_num_value_heads * linear_value_head_dim
     gdn_nv: int            # linear_num_value_heads
     # backend and precision
-    te: bool
+    te: bool               # Transformer Engine linears (norms fused into the next GEMM)
+    attn_core: str         # attention_core(): "te_fused", "te_unfused" or "mcore"
     elt: int               # bytes of one activation element (2 in bf16/fp16, 4 in fp32)
     fp8: bool
     fp8_recipe: str
@@ -88,6 +114,8 @@ class Shape:
     te_cross_entropy: bool      # cross_entropy_loss_fusion with cross_entropy_fusion_impl="te"
     rope_fusion: bool           # apply_rope_fusion (MCore default False)
     mamba_mem_eff: bool         # use_mamba_mem_eff_path (MCore default True)
+    dispatcher: str             # moe_token_dispatcher_type
+    router_fp32: bool           # moe_router_dtype fp32/fp64: probs, and combine temporaries, in fp32
 
     # --- derived per-rank quantities -------------------------------------------
     @property
@@ -177,9 +205,6 @@ def shape_of(w, knobs) -> Shape:
     nv = int(_extra(w, "linear_num_value_heads", 32))
     dk = int(_extra(w, "linear_key_head_dim", 128))
     dvv = int(_extra(w, "linear_value_head_dim", 128))
-    vocab = w.vocab_size or 0
-    div = VOCAB_DIVISOR * t
-    vocab_padded = -(-vocab // div) * div if vocab else 0
     return Shape(
         s=w.seq_length, b=w.micro_batch_size, c=w.context_parallel_size, t=t,
         sp=bool(w.sequence_parallel),
@@ -203,17 +228,19 @@ def shape_of(w, knobs) -> Shape:
         mamba_groups=int(_extra(w, "mamba_num_groups", 8)),
         mamba_state=int(_extra(w, "mamba_state_dim", 128)),
         gdn_qk=nk * dk, gdn_v=nv * dvv, gdn_nv=nv,
-        te=w.transformer_impl == "transformer_engine", elt=elt, fp8=fp8,
+        te=w.transformer_impl == "transformer_engine", attn_core=attention_core(w), elt=elt, fp8=fp8,
         fp8_recipe=str(w.fp8_recipe), fp4=fp4, save_original_ok=bool(save_ok),
         layernorm=w.normalization == "LayerNorm", norm_stats=bool(knobs.norm_stats),
         tiny=bool(knobs.tiny_tensors),
         attn_dropout=w.attention_dropout > 0, hidden_dropout=w.hidden_dropout > 0,
         softmax_fusion=bool(w.masked_softmax_fusion), softmax_fp32=bool(w.attention_softmax_in_fp32),
         fused_single_qkv_rope=bool(w.fused_single_qkv_rope),
-        vocab=vocab_padded, learned_pos=w.position_embedding_type == "learned_absolute",
+        vocab=padded_vocab(w), learned_pos=w.position_embedding_type == "learned_absolute",
         deallocate_outputs=bool(_extra(w, "deallocate_pipeline_outputs", False)),
         te_cross_entropy=bool(_extra(w, "cross_entropy_loss_fusion", False))
         and _extra(w, "cross_entropy_fusion_impl", "native") == "te",
         mamba_mem_eff=bool(_extra(w, "use_mamba_mem_eff_path", True)),
         rope_fusion=bool(_extra(w, "apply_rope_fusion", False)),
+        dispatcher=w.moe_token_dispatcher_type,
+        router_fp32=w.moe_router_dtype in ("fp32", "fp64"),
     )

@@ -102,6 +102,14 @@ def _gdn_parts(sh: Shape) -> list:
             Part("out_proj", v * sh.h, "tp", True)]
 
 
+def mtp_parts(sh: Shape) -> list:
+    """What one MTP depth adds around its decoder layer: enorm and hnorm, eh_proj (a
+    column-parallel 2h -> h linear without bias) and its final norm
+    (MultiTokenPredictionLayer, mtp:666-720 @ core_v0.16.1; mtp:1157-1247 @ d98e8a6)."""
+    return [Part("MTP enorm, hnorm and final norm", 3 * _norm(sh, sh.h), "rep", False),
+            Part("MTP eh_proj", 2 * sh.h * sh.h, "tp", True)]
+
+
 KIND_PARTS = {
     "attn+mlp": (_attention_parts, _mlp_parts),
     "attn+moe": (_attention_parts, _moe_parts),
@@ -142,26 +150,34 @@ def local_count(sh: Shape, part: Part) -> float:
 
 
 def rank_params(sh: Shape, kinds, first_stage: bool, last_stage: bool,
-                tied: bool, p: int) -> RankParams:
-    return _rank_params(sh, tuple(kinds), first_stage, last_stage, tied, p)
+                tied: bool, p: int, mtp_kinds=(), mtp_embedding: bool = False) -> RankParams:
+    """Parameters of one pipeline rank: its decoder layers, the MTP depths it holds (each a
+    decoder layer of kind `mtp_kinds[i]` plus `mtp_parts`), the embedding on the first stage
+    and, where MTP sits on another model chunk than the first, the MTP stage's own copy of the
+    word embedding (gpt_model.py:167 @ core_v0.19.0: `if self.pre_process or self.mtp_process`)."""
+    return _rank_params(sh, tuple(kinds), first_stage, last_stage, tied, p, tuple(mtp_kinds),
+                        bool(mtp_embedding))
 
 
 @lru_cache(maxsize=4096)
 def _rank_params(sh: Shape, kinds: tuple, first_stage: bool, last_stage: bool,
-                 tied: bool, p: int) -> RankParams:
+                 tied: bool, p: int, mtp_kinds: tuple, mtp_embedding: bool) -> RankParams:
     dense = expert = linear = 0.0
-    for kind in kinds:
-        for part in layer_parts(sh, kind):
-            n = local_count(sh, part)
-            if part.split == "expert":
-                expert += n
-            else:
-                dense += n
-            if part.linear:
-                linear += n
+    parts = [part for kind in kinds for part in layer_parts(sh, kind)]
+    for kind in mtp_kinds:
+        parts += list(layer_parts(sh, kind)) + mtp_parts(sh)
+    for part in parts:
+        n = local_count(sh, part)
+        if part.split == "expert":
+            expert += n
+        else:
+            dense += n
+        if part.linear:
+            linear += n
     emb = out = 0.0
-    if first_stage:
-        emb = sh.vocab_ * sh.h + (sh.s * sh.h if sh.learned_pos else 0)
+    if first_stage or mtp_embedding:
+        copies = int(first_stage) + int(mtp_embedding)
+        emb = copies * (sh.vocab_ * sh.h + (sh.s * sh.h if sh.learned_pos else 0))
     if last_stage:
         out = _norm(sh, sh.h)
         # The output layer holds its own [V/t, h] weight unless it is the (tied) embedding
@@ -206,7 +222,7 @@ def optimizer_state_bytes(w, half: bool) -> tuple:
 
 def static_bytes(sh: Shape, params: RankParams, *, dp: int, distributed: bool,
                  grad_fp32: bool, fp8_param: bool, residual: int,
-                 optimizer_bytes: float | None = None) -> dict:
+                 optimizer_bytes: float | None = None, global_buffer: float = 0.0) -> dict:
     """Static memory of one rank by term (bytes)."""
     half = sh.elt == 2
     w_bytes = sh.elt
@@ -229,4 +245,5 @@ def static_bytes(sh: Shape, params: RankParams, *, dp: int, distributed: bool,
             per -= 1.0     # the parameter itself is already the row-wise fp8 copy
         copies = params.linear * per
     return {"weights": round(weights), "grads": round(grads), "optimizer": round(optimizer),
-            "fp8_weight_copies": round(copies), "residual": int(residual)}
+            "fp8_weight_copies": round(copies), "global_buffer": round(global_buffer),
+            "residual": int(residual)}

@@ -77,20 +77,43 @@ def _attention_norm(sh: Shape, mods: frozenset, fused_norm: bool) -> list:
     return out
 
 
-def _probs(sh: Shape, heads: float) -> list:
-    """Local (unfused) attention: softmax probabilities and attention dropout.
+def _softmax_kernel(sh: Shape, heads: float) -> bool:
+    """Whether the fused scale-mask-softmax kernel runs (it keeps only its 16-bit output).
 
-    The fused scale-mask-softmax kernel (bf16/fp16, 16 < s <= 4096, s % 4 == 0,
-    b*a' % 4 == 0; fusions/fused_softmax.py:238-270 @ core_v0.16.1) keeps its
-    16-bit output. Otherwise softmax runs in fp32 when attention_softmax_in_fp32,
-    keeping the fp32 output, and the bmm keeps the 16-bit cast (6 bytes/elt).
-    With attention dropout the bmm keeps the dropped probs instead, plus the mask.
+    megatron-core's DotProductAttention: masked_softmax_fusion, bf16/fp16, 16 < sk <= 4096,
+    sq % 4 == 0, b*np % 4 == 0 (fusions/fused_softmax.py:238-270 @ core_v0.16.1). TE's
+    UnfusedDotProductAttention: NVTE_MASKED_SOFTMAX_FUSION (on by default), bf16/fp16,
+    16 < sk < 16384, sk % 8 == 0, sq % 4 == 0, b*np % 4 == 0 (TE pytorch/attention
+    FusedScaleMaskSoftmax.is_kernel_available; read in TE's source, TE cannot be imported here).
     """
-    e, s, T = sh.elt, sh.s, sh.T
-    kernel = (sh.softmax_fusion and e == 2 and 16 < s <= 4096 and s % 4 == 0
-              and (sh.b * heads) % 4 == 0)
-    soft = e if (kernel or not sh.softmax_fp32) else 4
-    n = heads * s * T
+    sq = sk = sh.s / sh.c
+    if sh.elt != 2 or (sh.b * heads) % 4 or sq % 4:
+        return False
+    if sh.attn_core == "te_unfused":
+        return 16 < sk < 16384 and sk % 8 == 0
+    return sh.softmax_fusion and 16 < sk <= 4096
+
+
+def softmax_in_fp32(sh: Shape, heads: float) -> bool:
+    """The unfused softmax runs in fp32 (keeping an fp32 output): the fused kernel is not
+    eligible and the core computes in fp32 (TE always; megatron-core with
+    attention_softmax_in_fp32) on 16-bit activations."""
+    fp32 = sh.attn_core == "te_unfused" or sh.softmax_fp32
+    return fp32 and sh.elt != 4 and not _softmax_kernel(sh, heads)
+
+
+def _probs(sh: Shape, heads: float) -> list:
+    """Unfused core attention (megatron-core's DotProductAttention or TE's unfused backend):
+    the softmax probabilities [b, np, sq, sk] and attention dropout.
+
+    The fused kernel keeps its 16-bit output. Otherwise the softmax runs in fp32 (always in
+    TE; with attention_softmax_in_fp32 in megatron-core) and keeps the fp32 output, and the
+    probs x V bmm keeps the 16-bit cast (6 bytes per score). With attention dropout the bmm
+    keeps the dropped probs instead, plus the 1-byte mask.
+    """
+    e = sh.elt
+    soft = 4 if softmax_in_fp32(sh, heads) else e
+    n = heads * (sh.s / sh.c) * sh.T
     out = [Saved("softmax output", "attention", soft * n)]
     if sh.attn_dropout:
         out.append(Saved("attention-dropout mask", "attention", 1 * n))
@@ -98,6 +121,15 @@ def _probs(sh: Shape, heads: float) -> list:
     elif soft != e:
         out.append(Saved("16-bit copy of the fp32 probs (bmm input)", "attention", e * n))
     return out
+
+
+def scores_bytes(sh: Shape) -> float:
+    """One layer's attention scores [b*np, sq, sk] in the activation dtype, for unfused cores:
+    megatron-core writes them into the persistent global "mpu" buffer
+    (dot_product_attention.py:188-200 @ core_v0.16.1), TE into a fresh tensor."""
+    if sh.attn_core == "te_fused":
+        return 0.0
+    return sh.elt * sh.a_ * (sh.s / sh.c) * sh.T
 
 
 def _mask_type(sh: Shape) -> list:
@@ -152,13 +184,14 @@ def _attention_gqa(sh: Shape, mods: frozenset) -> list:
         if pinned:
             out.append(Saved("core_attn checkpoint: fused QKV buffer pinned by the v view",
                              "attention", qkv_buf))
-    elif sh.te:
+    elif sh.attn_core == "te_fused":
         # TEDotProductAttention keeps contiguous q, k, v, its output and the softmax LSE.
         out.append(Saved("A4 q (TE attention)", "attention", e * a_ * d * T))
         out.append(Saved("A5 k, v (TE attention)", "attention", 2 * e * g_ * d * T))
         out.append(Saved("A7 softmax LSE (fp32)", "attention", 4 * a_ * T))
     else:
-        # DotProductAttention: k and v are repeat_interleave'd to a' heads for GQA.
+        # Unfused cores (megatron-core DotProductAttention, TE UnfusedDotProductAttention):
+        # k and v are repeat_interleave'd to a' heads for GQA and kept by the two bmms.
         rep = a_ / g_ > 1
         view = False
         if sh.rope:
@@ -219,7 +252,7 @@ def _attention_mla(sh: Shape, mods: frozenset) -> list:
         out.append(Saved("key [T, a', qk+rope]", "attention", e * a_ * (sh.dqk + sh.dr) * T))
         out.append(Saved("value [T, a', v]", "attention", e * a_ * sh.dv * T))
     if "core_attn" not in mods:
-        if sh.te:
+        if sh.attn_core == "te_fused":
             out.append(Saved("A7 softmax LSE (fp32)", "attention", 4 * a_ * T))
         else:
             out.extend(_probs(sh, a_))
@@ -434,3 +467,40 @@ def checkpoint_bytes(sh: Shape, distribute: bool) -> float:
     if distribute and not sh.sp and sh.t > 1:
         b /= sh.t
     return b
+
+
+# --- multi-token prediction --------------------------------------------------------------
+
+@lru_cache(maxsize=1024)
+def mtp_tensors(sh: Shape, inner: str, mods: frozenset, checkpointed: bool) -> tuple:
+    """One MTP depth for one micro-batch, on the chunk that holds MTP.
+
+    The depth embeds the rolled input ids again, normalises that embedding (enorm) and the
+    incoming hidden state (hnorm), concatenates them into eh_proj (2h -> h), runs one decoder
+    layer of kind `inner` (the last decoder layer's spec; selective labels apply to it as to
+    any layer) and its final norm (mtp:1255-1360, 1655-1738 @ d98e8a6). Full recompute with
+    method uniform checkpoints the whole depth and keeps only its two inputs, the hidden state
+    and the embedding output (mtp:1385-1423 @ 0.19.2); method block skips MTP recompute.
+    """
+    e, h, Tr, T, q = sh.elt, sh.h, sh.Tr, sh.T, sh.q_bytes
+    out = [Saved("MTP input ids, rolled (int64)", "mtp", 8 * T)]
+    if checkpointed:
+        return tuple(out + [Saved("MTP checkpoint: hidden state and embedding output", "mtp",
+                                  2 * e * h * Tr)])
+    out += [Saved("MTP enorm input (embedding output)", "mtp", e * h * Tr),
+            Saved("MTP hnorm input (hidden state)", "mtp", e * h * Tr),
+            Saved("MTP enorm / hnorm statistics (fp32)", "mtp", 2 * sh.stats * Tr),
+            Saved("MTP eh_proj input (both norms concatenated)", "mtp", q * 2 * h * Tr)]
+    out += [Saved("MTP layer: " + x.name, "mtp", x.nbytes) for x in layer_tensors(sh, inner, mods)]
+    out += [Saved("MTP final-norm input", "mtp", e * h * Tr),
+            Saved("MTP final-norm statistics (fp32)", "mtp", sh.stats * Tr)]
+    return tuple(out)
+
+
+@lru_cache(maxsize=256)
+def mtp_loss_tensors(sh: Shape) -> tuple:
+    """What one MTP depth adds on the loss stage: its slice of the concatenated hidden states
+    as output-layer input, and its own cross-entropy over the rolled labels
+    (process_mtp_loss, mtp:932-1069 @ d98e8a6; gpt_model.py:600-660 @ core_v0.16.1)."""
+    main = output_tensors(sh)
+    return (Saved("MTP output-layer input", "logits", sh.elt * sh.h * sh.Tr), main[3], main[4])

@@ -442,7 +442,12 @@ PLACEMENT_RULES = (
     "pipeline-split-accounting-not-divisible-with-vpp", "pipeline-split-accounting-not-divisible-by-vpp",
     "pp-does-not-divide-layers", "vpp-does-not-divide-stage-layers",
     "pipeline-split-accounting-leaves-no-first-layers", "pipeline-split-accounting-leaves-no-last-layers",
-    "hybrid-no-interleaving", "hybrid-pp-drops-layers")
+    "hybrid-no-interleaving", "hybrid-pp-drops-layers",
+    "layout-with-other-pipeline-arguments", "layout-invalid-layer-character",
+    "layout-stages-not-divisible-by-pp", "layout-invalid-layer-name", "layout-vpp-conflict",
+    "layout-first-not-embedding", "layout-last-not-loss", "layout-embedding-not-once",
+    "layout-loss-not-once", "layout-decoder-count", "layout-mtp-count", "layout-decoder-after-mtp",
+    "layout-mtp-not-in-last-virtual-stage", "layout-mtp-split", "layout-encoder-not-supported")
 
 
 def _placement_rule(cid: str):

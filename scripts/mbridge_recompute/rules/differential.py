@@ -249,6 +249,35 @@ VARIATION_CASES: list = [
     ("v accounting 10 over PP 2, VPP 2", {**PP2, "virtual_pipeline_model_parallel_size": 2,
                                           "extra_model": {"account_for_embedding_in_pipeline_split": True,
                                                           "account_for_loss_in_pipeline_split": True}}, None),
+    # explicit layouts (placement.py; pipeline_parallel_layer_layout.py)
+    ("v layout Et*4|t*4L accepted", {**PP2, "pipeline_model_parallel_layout": "Et*4|t*4L"}, None),
+    ("v layout 14 layers uneven over PP 4", {"num_layers": 14, "pipeline_model_parallel_size": 4,
+                                             "pipeline_model_parallel_layout": "Et*2|t*4|t*4|t*4L"}, None),
+    ("v layout VPP 2 from the string", {**PP2, "pipeline_model_parallel_layout": "Et*2|t*2|t*2|t*2L"}, None),
+    ("v layout list form + MTP", {**PP2, "mtp_num_layers": 1, "pipeline_model_parallel_layout":
+                                  [["embedding"] + ["decoder"] * 4, ["decoder"] * 4 + ["mtp", "loss"]]}, None),
+    ("v layout + first stage", {**PP2, "num_layers_in_first_pipeline_stage": 4,
+                                "pipeline_model_parallel_layout": "Et*4|t*4L"}, None),
+    ("v layout bad character", {**PP2, "pipeline_model_parallel_layout": "Et*4|x*4L"}, None),
+    ("v layout 3 stages over PP 2", {**PP2, "pipeline_model_parallel_layout": "Et*4|t*2|t*2L"}, None),
+    ("v layout bad name", {**PP2, "pipeline_model_parallel_layout": [["embedding", "decoders"], ["loss"]]},
+     None),
+    ("v layout VPP conflict", {**PP2, "virtual_pipeline_model_parallel_size": 2,
+                               "pipeline_model_parallel_layout": "Et*4|t*4L"}, None),
+    ("v layout no embedding first", {**PP2, "pipeline_model_parallel_layout": "t*4|Et*4L"}, None),
+    ("v layout no loss last", {**PP2, "pipeline_model_parallel_layout": "Et*4|Lt*4"}, None),
+    ("v layout two embeddings", {**PP2, "pipeline_model_parallel_layout": "Et*4|Et*4L"}, None),
+    ("v layout two losses", {**PP2, "pipeline_model_parallel_layout": "Et*4L|t*4L"}, None),
+    ("v layout 7 decoder layers", {**PP2, "pipeline_model_parallel_layout": "Et*4|t*3L"}, None),
+    ("v layout MTP without mtp_num_layers", {**PP2, "pipeline_model_parallel_layout": "Et*4|t*4mL"}, None),
+    ("v layout decoder after MTP", {**PP2, "mtp_num_layers": 1,
+                                    "pipeline_model_parallel_layout": "Et*4|t*3mtL"}, None),
+    ("v layout MTP in a first virtual stage", {**PP2, "mtp_num_layers": 1,
+                                               "pipeline_model_parallel_layout": "Et*4|t*4m||L"}, None),
+    ("v layout MTP split", {**PP2, "mtp_num_layers": 2,
+                            "pipeline_model_parallel_layout": "Et*8m|mL"}, None),
+    ("v layout encoder", {**PP2, "pipeline_model_parallel_layout":
+                          [["embedding", "encoder"] + ["decoder"] * 4, ["decoder"] * 4 + ["loss"]]}, None),
     # release differences (cuda_graph_modules is a 0.18+ field; the scope migrates there)
     ("r cuda_graph_modules attn + sel []", {**cg("transformer_engine"), "cuda_graph_modules": ["attn"],
                                             **sel(), "attention_dropout": 0.0}, None),
@@ -412,7 +441,8 @@ def cited_message_problems() -> list:
     key = releases.target_version()
     root = Path(mc.__file__).parent
     files = {"tc": root / "transformer" / "transformer_config.py", "mpc": root / "model_parallel_config.py",
-             "cgc": root / "transformer" / "cuda_graph_config.py"}
+             "cgc": root / "transformer" / "cuda_graph_config.py",
+             "ppl": root / "transformer" / "pipeline_parallel_layer_layout.py"}
     problems = []
     for c in card.constraints():
         entry = card.constraint_at(c["id"], key)
