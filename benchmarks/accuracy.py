@@ -12,7 +12,9 @@ the row names the modelled term that moves most, or says "open discrepancy".
 No constant is tuned to these rows.
 
 Then it runs the planner's selection on the same workloads, with the budget the
-measurements imply, and prints what it recommends.
+measurements imply, and prints what it recommends; and last, the absolute peaks of the
+published Megatron-LM functional tests against ours and Megatron-LM's own formula
+(benchmarks/measured_peaks.py).
 
     .venv/bin/python benchmarks/accuracy.py [--json]
 """
@@ -29,6 +31,7 @@ sys.path.insert(0, str(ROOT / "scripts"))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import bridge_formula  # noqa: E402
+import measured_peaks  # noqa: E402
 
 from mbridge_recompute import memory  # noqa: E402
 from mbridge_recompute.facts import card  # noqa: E402
@@ -171,7 +174,8 @@ def main(argv=None) -> int:
             rows += study_rows(ev)
     sel = selection_rows()
     if args.json:
-        print(json.dumps({"rows": rows, "selection": sel}, indent=2))
+        print(json.dumps({"rows": rows, "selection": sel, "measured_peaks": measured_peaks.rows()},
+                         indent=2))
         return 0
 
     def f(x, fmt="{:+.3f}"):
@@ -195,7 +199,8 @@ def main(argv=None) -> int:
     for s in sel:
         print(f"  {s['study']}: budget {s['budget']}: recommended {s['recommended']}; "
               f"measured answer: {s['measured_answer']}")
-    return 0
+    print()
+    return measured_peaks.main([])
 
 
 if __name__ == "__main__":

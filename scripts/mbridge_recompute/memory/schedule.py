@@ -6,6 +6,12 @@ runs 2(p - rank - 1) + (v - 1)*group warm-up chunk forwards (+1 with EP A2A over
 (pipeline_parallel/schedules.py:762-779 @ core_v0.16.1) in the order of
 `get_schedule_table` (schedules.py:798-825) and frees chunks backward in reverse chunk
 order; we replay that order and record every distinct in-flight vector.
+
+With EP all-to-all overlap (overlap_moe_expert_parallel_comm) the steady state is combined
+1F1B: each step runs one chunk's forward co-scheduled layer by layer with another chunk's
+backward (pipeline_parallel/combined_1f1b.py:22-45, schedules.py:1322-1345 @ core_v0.16.1), so
+the saved activations grow and shrink together; the vector is sampled after each combined step
+(and after the warm-up, which holds the one extra forward).
 """
 
 from __future__ import annotations
@@ -25,7 +31,8 @@ def _schedule_table(M: int, v: int, group: int) -> list:
 
 @lru_cache(maxsize=1024)
 def inflight_vectors(p: int, v: int, M: int, rank: int, group: int, extra: int = 0) -> tuple:
-    """Distinct per-chunk counts of live forwards, sampled right after each forward.
+    """Distinct per-chunk counts of live forwards, sampled right after each forward (after
+    each combined forward-backward step when `extra`, the EP-overlap warm-up forward, is set).
 
     Returns a tuple of tuples (one count per chunk). The peak of saved activations is
     the max over these vectors of sum(count[c] * bytes_per_microbatch[c]).
@@ -43,10 +50,16 @@ def inflight_vectors(p: int, v: int, M: int, rank: int, group: int, extra: int =
     if warm == total:
         return (tuple(counts),)
     seen = set()
+    combined = extra > 0
+    if combined:
+        seen.add(tuple(counts))
     # steady state: forward warm + j, then backward j (chunk v - 1 - table[j]); cool-down
     # only frees, so the maxima are among the post-forward vectors.
     for j in range(total - warm):
         counts[table[warm + j]] += 1
-        seen.add(tuple(counts))
+        if not combined:
+            seen.add(tuple(counts))
         counts[v - 1 - table[j]] -= 1
+        if combined:
+            seen.add(tuple(counts))
     return tuple(sorted(seen))
