@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from functools import lru_cache
 
+from mbridge_recompute.memory.recompute import block_mods
 from mbridge_recompute.memory.shape import Shape
 from mbridge_recompute.memory.static import layer_parts
 from mbridge_recompute.memory.types import DEFAULT_KNOBS, Knobs
@@ -93,19 +94,19 @@ def layer_replay_flops(sh: Shape, kind: str, mods: frozenset, knobs: Knobs) -> f
     has_moe = kind in ("attn+moe", "moe")
     cfb = knobs.comm_flops_per_byte
     T, Tr, h = sh.T, sh.Tr, sh.h
+    attn_mods, ffn_mods = block_mods(mods, "attn"), block_mods(mods, "moe" if has_moe else "mlp")
     out = 0.0
-    if "core_attn" in mods and has_attn:
+    if "core_attn" in attn_mods and has_attn:
         out += _attn_core_flops(sh, knobs)
-    if "mla_up_proj" in mods and has_attn and sh.mla:
+    if "mla_up_proj" in attn_mods and has_attn and sh.mla:
         out += _gemm_flops(sh, kind, ("q up-projection", "kv up-projection"))
         out += _tp_comm_bytes(sh, 2) * cfb if sh.sp else 0.0
     if "layernorm" in mods:
-        norms = 0
-        if not sh.te:
-            norms = (1 if has_attn else 0) + (1 if (has_mlp or has_moe) else 0)
-        else:
-            norms = (1 if (has_attn and sh.mla) else 0) + (1 if has_moe else 0)
-        out += norms * _membound(sh, 2 * h * Tr, knobs)
+        # the attention norm is fused into linear_qkv on the TE spec (GQA), the MLP norm into fc1
+        attn_norm = has_attn and "layernorm" in attn_mods and (sh.mla or not sh.te)
+        ffn_norm = "layernorm" in ffn_mods and (has_moe or (has_mlp and not sh.te))
+        out += (attn_norm + ffn_norm) * _membound(sh, 2 * h * Tr, knobs)
+    mods = ffn_mods
     if "mlp" in mods and has_mlp:
         out += _gemm_flops(sh, kind, MLP_NAMES) + _tp_comm_bytes(sh, 2) * cfb
         out += _membound(sh, 3 * sh.f / sh.t * T, knobs)
@@ -140,9 +141,10 @@ def layer_full_replay_flops(sh: Shape, kind: str, knobs: Knobs) -> float:
     return f
 
 
-def replay_and_step_flops(w, knobs: Knobs = DEFAULT_KNOBS) -> tuple:
-    """(replayed FLOP-equivalents, step FLOPs) per micro-batch summed over all layers."""
-    from mbridge_recompute.memory.recompute import full_recompute_units, modules_of
+def replay_and_step_flops(w, knobs: Knobs = DEFAULT_KNOBS, disabled=()) -> tuple:
+    """(replayed FLOP-equivalents, step FLOPs) per micro-batch summed over all layers, for the
+    setting in force (less what the checker found switched off: `disabled`)."""
+    from mbridge_recompute.memory.recompute import full_recompute_units, granularity_of, modules_of
     from mbridge_recompute.memory.shape import shape_of
 
     sh = shape_of(w, knobs)
@@ -150,17 +152,18 @@ def replay_and_step_flops(w, knobs: Knobs = DEFAULT_KNOBS) -> tuple:
     forward = sum(layer_forward_flops(sh, k, knobs) for k in kinds) + output_forward_flops(sh)
     step = 3 * forward
     replay = 0.0
-    if w.recompute_granularity == "full":
+    granularity = granularity_of(w, disabled)
+    if granularity == "full":
         for kind, recomputed in full_recompute_units(w):
             if recomputed:
                 replay += layer_full_replay_flops(sh, kind, knobs)
-    elif w.recompute_granularity == "selective":
-        mods = modules_of(w)
+    elif granularity == "selective":
+        mods = modules_of(w, disabled)
         replay = sum(layer_replay_flops(sh, k, mods, knobs) for k in kinds)
     return replay, step
 
 
-def replay_cost_pct(w, knobs: Knobs = DEFAULT_KNOBS) -> float:
+def replay_cost_pct(w, knobs: Knobs = DEFAULT_KNOBS, disabled=()) -> float:
     """Replayed forward FLOPs (+ communication) of w's own setting as % of the step's FLOPs."""
-    replay, step = replay_and_step_flops(w, knobs)
+    replay, step = replay_and_step_flops(w, knobs, disabled)
     return 100.0 * replay / step if step else 0.0

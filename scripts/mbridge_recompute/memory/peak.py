@@ -20,7 +20,7 @@ from __future__ import annotations
 from functools import lru_cache
 from typing import NamedTuple
 
-from mbridge_recompute.memory.recompute import chunk_groups, layout_of, modules_of
+from mbridge_recompute.memory.recompute import chunk_groups, granularity_of, layout_of, modules_of
 from mbridge_recompute.placement import place
 from mbridge_recompute.memory.schedule import inflight_vectors
 from mbridge_recompute.memory.shape import Shape, shape_of
@@ -223,8 +223,8 @@ def chunk_memory(sh: Shape, kinds: tuple, mode: RecomputeMode, first: bool, last
     return ChunkMemory(saved, comp, fwd, bwd, replay, replay_layers)
 
 
-def _mode(w) -> RecomputeMode:
-    return RecomputeMode(w.recompute_granularity, modules_of(w), w.recompute_method,
+def _mode(w, disabled=()) -> RecomputeMode:
+    return RecomputeMode(granularity_of(w, disabled), modules_of(w, disabled), w.recompute_method,
                          w.recompute_num_layers, bool(w.distribute_saved_activations))
 
 
@@ -316,11 +316,13 @@ def assumptions(w, sh: Shape, knobs: Knobs) -> list:
     return out
 
 
-def estimate(w, knobs: Knobs = DEFAULT_KNOBS) -> MemoryEstimate:
+def estimate(w, knobs: Knobs = DEFAULT_KNOBS, disabled=()) -> MemoryEstimate:
+    """Per-pipeline-rank memory of `w` under its own recompute setting, less what the checker
+    found switched off (`disabled`: the (label, block) pairs of its silent-no-op findings)."""
     sh = shape_of(w, knobs)
     layout = layout_of(w)
     p, v = len(layout), len(layout[0])      # model chunks per rank: 1 without interleaving
-    mode = _mode(w)
+    mode = _mode(w, tuple(tuple(d) for d in disabled))
     M = w.num_microbatches
     group = _group_size(w)
     extra = 1 if (w.overlap_moe_expert_parallel_comm and v > 1 and p > 1) else 0

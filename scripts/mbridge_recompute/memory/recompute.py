@@ -14,12 +14,36 @@ from __future__ import annotations
 from mbridge_recompute.placement import place
 
 
-def modules_of(w) -> frozenset:
+def modules_of(w, disabled=()) -> frozenset:
     """Selective labels in force: recompute_modules only count under `selective`
-    (every selective gate tests granularity == 'selective')."""
+    (every selective gate tests granularity == 'selective'), less what the checker found
+    switched off (`disabled`: (label, block) pairs). A label off in one block only stays,
+    with a "label@block" marker that `block_mods` reads."""
     if w.recompute_granularity != "selective":
         return frozenset()
-    return frozenset(w.effective_recompute_modules)
+    mods = set(w.effective_recompute_modules)
+    for label, block in disabled:
+        if label in mods:
+            if block == "all":
+                mods.discard(label)
+            else:
+                mods.add(f"{label}@{block}")
+    return frozenset(mods)
+
+
+def block_mods(mods: frozenset, block: str) -> frozenset:
+    """The labels in force inside one block ('attn', 'mlp', 'moe', ...) of a layer."""
+    if not any("@" in m for m in mods):
+        return mods
+    off = {m.split("@", 1)[0] for m in mods if m.endswith("@" + block)}
+    return frozenset(m for m in mods if "@" not in m and m not in off)
+
+
+def granularity_of(w, disabled=()):
+    """recompute_granularity in force: full recompute the checker found inert counts as none."""
+    if w.recompute_granularity == "full" and ("full", "all") in {tuple(d) for d in disabled}:
+        return None
+    return w.recompute_granularity
 
 
 def chunk_groups(granularity, method, num_layers, n_layers: int) -> list:

@@ -15,6 +15,7 @@ from __future__ import annotations
 from functools import lru_cache
 from typing import NamedTuple
 
+from mbridge_recompute.memory.recompute import block_mods
 from mbridge_recompute.memory.shape import Shape
 
 
@@ -373,6 +374,8 @@ def _attention(sh: Shape, mods: frozenset) -> list:
     return _attention_mla(sh, mods) if sh.mla else _attention_gqa(sh, mods)
 
 
+BLOCK_NAMES = {"_attention": "attn", "_mlp": "mlp", "_moe": "moe", "_mamba": "mamba", "_gdn": "gdn"}
+
 BLOCKS = {
     "attn+mlp": (_attention, _mlp),
     "attn+moe": (_attention, _moe),
@@ -389,7 +392,7 @@ def layer_tensors(sh: Shape, kind: str, mods: frozenset) -> tuple:
     """Saved tensors of one layer of `kind` for one micro-batch under selective labels `mods`."""
     out = []
     for block in BLOCKS[kind]:
-        out.extend(block(sh, mods))
+        out.extend(block(sh, block_mods(mods, BLOCK_NAMES[block.__name__])))
     return tuple(out)
 
 

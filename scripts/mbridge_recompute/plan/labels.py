@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from mbridge_recompute.facts import releases
 from mbridge_recompute.memory.effects import what_it_drops
+from mbridge_recompute.memory.recompute import modules_of
 from mbridge_recompute.memory.shape import shape_of
 from mbridge_recompute.memory.tensors import layer_bytes
 from mbridge_recompute.memory.types import DEFAULT_KNOBS
@@ -30,9 +31,21 @@ def _rejected(f: dict) -> str:
     return f"{_REJECTED.get(f['kind'], 'rejected')} ({f['id']}): {f['message']}"
 
 
-def _no_op(findings: list):
-    """The first silent no-op the checker reports for this label (warning or error)."""
-    return next((f for f in findings if f["kind"] == "silent-no-op" and f["severity"] != "info"), None)
+def _no_op(findings: list, label: str):
+    """The first silent no-op the checker reports that switches `label` off entirely (a
+    no-op confined to one block, such as the pre-MLP norm, leaves the label priced without it)."""
+    for f in findings:
+        if f["kind"] != "silent-no-op" or f["severity"] == "info":
+            continue
+        disables = {tuple(d) for d in f.get("disables", ())}
+        if not disables or (label, "all") in disables:
+            return f
+    return None
+
+
+def _partial_no_op(findings: list, label: str):
+    return next((f for f in findings if f["kind"] == "silent-no-op"
+                 and any(d[0] == label and d[1] != "all" for d in f.get("disables", ()))), None)
 
 
 def evaluate_labels(pricer: Pricer, control: Candidate) -> tuple[list, dict]:
@@ -49,7 +62,7 @@ def evaluate_labels(pricer: Pricer, control: Candidate) -> tuple[list, dict]:
         setting = RecomputeSetting.selective(label)
         findings = pricer.findings(setting)
         zero = (0,) * len(control.rank_peaks)
-        no_op = _no_op(findings)
+        no_op = _no_op(findings, label)
         if no_op is not None:
             effects.append(LabelEffect(label, False, f"silent no-op ({no_op['id']}): {no_op['message']}",
                                        0, zero, 0.0, {k: 0 for k in kinds}))
@@ -67,6 +80,10 @@ def evaluate_labels(pricer: Pricer, control: Candidate) -> tuple[list, dict]:
                                        0, zero, 0.0, {k: 0 for k in kinds}))
             continue
         mods = frozenset([label])
+        partial = _partial_no_op(findings, label)
+        if partial is not None:
+            drops += f"; partly switched off ({partial['id']}): {partial['message']}"
+            mods = modules_of(setting.apply(w), single.disabled)
         effects.append(LabelEffect(
             label, True, drops, control.model_peak_bytes - single.model_peak_bytes,
             tuple(c - s for c, s in zip(control.rank_peaks, single.rank_peaks)),

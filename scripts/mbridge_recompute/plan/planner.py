@@ -12,7 +12,7 @@ from typing import Optional
 from mbridge_recompute.placement import place
 from mbridge_recompute.plan.budget import budget_statement, gb_to_bytes, settle
 from mbridge_recompute.plan.labels import evaluate_labels
-from mbridge_recompute.plan.pricing import Pricer
+from mbridge_recompute.plan.pricing import Pricer, disabled_by
 from mbridge_recompute.plan.report import Calibration, PlanReport
 from mbridge_recompute.plan.search import full_settings, mark_dominated, order, recommend, selective_settings
 from mbridge_recompute.rules.findings import errors
@@ -62,8 +62,8 @@ def plan(w, budget_gb: Optional[float] = None, measured_peak_gb: Optional[float]
     if not place(w, version).ok:
         return _refused(w, release, budget, [budget_text], top)
 
-    current = memory.estimate(w)
     pricer = Pricer(w, version)
+    current = memory.estimate(w, disabled=disabled_by(pricer._check(w)["findings"]))
     control = pricer.price(RecomputeSetting.selective())
     effects, singles = evaluate_labels(pricer, control)
 

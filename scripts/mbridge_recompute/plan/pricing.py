@@ -27,13 +27,22 @@ class Pricer:
         return [f for f in self._check(setting.apply(self.w))["findings"] if f["id"] not in seen]
 
     def price(self, setting: RecomputeSetting, findings: list | None = None) -> Candidate:
+        """The candidate as megatron-core would run it: what the checker finds switched off
+        (its silent no-ops' `disables`) is priced as not recomputed."""
         from mbridge_recompute import memory
 
         with_setting = setting.apply(self.w)
-        est = memory.estimate(with_setting)
-        cost = float(memory.replay_cost_pct(with_setting)) if setting.granularity else 0.0
         if findings is None:
             findings = self.findings(setting)
+        off = disabled_by(findings)
+        est = memory.estimate(with_setting, disabled=off)
+        cost = float(memory.replay_cost_pct(with_setting, disabled=off)) if setting.granularity else 0.0
         return Candidate(setting=setting, rank_peaks=tuple(int(r.peak_bytes) for r in est.ranks),
                          rank_terms=tuple(r.peak_term for r in est.ranks), cost_pct=cost,
-                         rejected_by=tuple(sorted({f["id"] for f in errors(findings)})))
+                         rejected_by=tuple(sorted({f["id"] for f in errors(findings)})),
+                         disabled=off)
+
+
+def disabled_by(findings: list) -> tuple:
+    """The (label, block) pairs the findings' silent no-ops switch off, in a stable order."""
+    return tuple(sorted({tuple(d) for f in findings for d in f.get("disables", ())}))

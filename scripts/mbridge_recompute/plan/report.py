@@ -27,6 +27,7 @@ class Candidate:
     offset_bytes: int = 0             # calibration: measured - modelled peak of the [] control
     fits: bool = False
     dominated_by: Optional[str] = None
+    disabled: tuple = ()              # (label, block) the checker finds switched off, not priced
 
     @property
     def name(self) -> str:
@@ -64,7 +65,10 @@ class Candidate:
                   "hottest_pp_rank": self.hottest_pp_rank, "peak_term": self.peak_term,
                   "rank_peak_bytes": [int(self.rank_peak(r)) for r in range(len(self.rank_peaks))],
                   "cost_pct": round(self.cost_pct, 3), "fits": self.fits, "allowed": self.allowed,
-                  "rejected_by": list(self.rejected_by), "dominated": self.dominated_by is not None,
+                  "rejected_by": list(self.rejected_by),
+                  "switched_off": [f"{label}" + ("" if block == "all" else f" in {block} layers")
+                                   for label, block in self.disabled],
+                  "dominated": self.dominated_by is not None,
                   "dominated_by": self.dominated_by})
         return d
 

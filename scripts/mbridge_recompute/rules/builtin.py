@@ -43,6 +43,10 @@ class Hit:
     detail: str
     severity: Optional[str] = None     # override the card's severity
     raises: Optional[str] = None       # override the card's exception type
+    # what a silent no-op switches off, as (label, block) pairs: block "all" is the whole label,
+    # "moe" / "attn" / "mlp" one block's use of it; ("full", "all") is full recompute itself.
+    # The memory model and the planner price the setting without them (one effective setting).
+    disables: tuple = ()
 
 
 @dataclass(frozen=True)
@@ -970,14 +974,15 @@ def _shared_without(s: State):
 @rule("moe-with-local-cuda-graph")
 def _moe_local_graph(s: State):
     if s.selective("moe") and s.w.is_moe and s.w.cuda_graph_impl == "local":
-        return Hit("moe with cuda_graph_impl=local: MoELayer skips its checkpoint")
+        return Hit("moe with cuda_graph_impl=local: MoELayer skips its checkpoint",
+                   disables=(("moe", "all"),))
 
 
 @rule("moe-under-ep-overlap")
 def _moe_ep_overlap(s: State):
     if s.selective("moe") and s.w.is_moe and s.w.overlap_moe_expert_parallel_comm:
         return Hit("moe under EP A2A overlap: the fine-grained callables bypass MoELayer.forward, "
-                   "nothing is recomputed")
+                   "nothing is recomputed", disables=(("moe", "all"),))
 
 
 @rule("modules-ignored-without-selective")
@@ -999,19 +1004,19 @@ def _pre_mlp_ln_graph(s: State):
         return None
     if s.has_shared_experts and w.moe_shared_expert_overlap:
         return Hit("layernorm with a moe_router graph and shared-expert overlap: the pre-MLP norm "
-                   "recompute is switched off")
+                   "recompute is switched off", disables=(("layernorm", "moe"),))
     if "moe_preprocess" in s.scopes and (w.moe_token_dispatcher_type == "alltoall"
                                          or s.extra.get("moe_latent_size")):
         return None
     return Hit("layernorm with a moe_router graph (without moe_preprocess + alltoall): the pre-MLP "
-               "norm recompute is switched off")
+               "norm recompute is switched off", disables=(("layernorm", "moe"),))
 
 
 @rule("full-recompute-on-hybrid-stack")
 def _full_hybrid(s: State):
     if s.w.hybrid_override_pattern and s.g == "full":
         return Hit("full recompute on a hybrid (Mamba) stack: MambaStack runs its layers without a "
-                   "checkpoint, nothing is recomputed")
+                   "checkpoint, nothing is recomputed", disables=(("full", "all"),))
 
 
 # What a per-layer capture scope contains (transformer/cuda_graphs.py @ core_v0.18.2): a
@@ -1028,7 +1033,8 @@ def _inside_capture(s: State):
         where = f"the captured {_fmt(sorted({_CAPTURED_BY[lb] for lb in hit}))} scope" if s.scopes \
             else "the whole-layer capture"
         return Hit(f"{_fmt(hit)} inside {where} ({s.impl} graphs): the checkpoint is skipped while "
-                   "the graph is captured, so the graph keeps every activation of the region")
+                   "the graph is captured, so the graph keeps every activation of the region",
+                   disables=tuple((lb, "all") for lb in hit))
 
 
 # ================================================================== evaluation
@@ -1069,6 +1075,8 @@ def evaluate(w, version: Optional[str] = None, te_version: Optional[str] = None,
         if hit is None:
             continue
         f = finding(r.id, "builtin", version, hit.detail, severity=hit.severity)
+        if hit.disables:
+            f["disables"] = [list(d) for d in hit.disables]
         if f["severity"] == "error":
             f["raises"] = hit.raises or card.constraint_at(r.id, version).get("raises")
             if ev.first_error is None:
@@ -1081,7 +1089,10 @@ def evaluate(w, version: Optional[str] = None, te_version: Optional[str] = None,
         s.after_override = True   # what the model is built with
         hit = r.fn(s)
         if hit is not None:
-            ev.findings.append(finding(r.id, "builtin", version, hit.detail, severity=hit.severity))
+            f = finding(r.id, "builtin", version, hit.detail, severity=hit.severity)
+            if hit.disables:
+                f["disables"] = [list(d) for d in hit.disables]
+            ev.findings.append(f)
     return ev
 
 
