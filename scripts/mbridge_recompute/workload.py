@@ -268,6 +268,10 @@ class Workload:
     extra_model: dict = _f({}, section="", origin=OURS)
     """Model-section keys that are real MCore/Bridge fields but not Workload fields; passed to the
     live validator unchanged, and read by the memory model where noted (memory/shape.py)."""
+    unread: dict = _f({}, section="", origin=OURS)
+    """Keys the loader accepts and no tool reads: Bridge provider keys of the model section (bare
+    name) and other sections' keys (section.key). Kept so a plan can name those whose value
+    matters (memory/coverage.py)."""
 
     # --- derived quantities (never stored, so they cannot disagree) ------------------------
     @property
@@ -349,7 +353,7 @@ class Workload:
         return dataclasses.replace(self, **changes)
 
 
-FIELDS = {f.name: f for f in dataclasses.fields(Workload) if f.name != "extra_model"}
+FIELDS = {f.name: f for f in dataclasses.fields(Workload) if f.name not in ("extra_model", "unread")}
 FIELD_NAMES = frozenset(FIELDS)
 
 

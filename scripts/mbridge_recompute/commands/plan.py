@@ -82,13 +82,22 @@ def run(args) -> int:
 
 
 TEXT_FRONTIER_ROWS = 15      # frontier rows in the text report when --top is not given
+CORES = {"te_fused": "TE fused/flash", "te_unfused": "TE unfused, probabilities kept",
+         "mcore": "megatron-core DotProductAttention, probabilities kept"}
+DEFAULTS = {"mcore": "megatron-core TransformerConfig's", "megatron-lm": "Megatron-LM's arguments'",
+            "bridge": "Megatron Bridge providers'"}
 
 
 def render_text(r) -> str:
     """The plan as text, read from the PlanReport's attributes."""
 
     wl = r.workload
-    out = [f"workload: {wl['num_layers']} layers, hidden {wl['hidden_size']}, TP{wl['tp']} PP{wl['pp']} "
+    gpus = f"{wl['num_gpus']} GPU{'s' if wl['num_gpus'] != 1 else ''}" + (
+        "" if wl["num_gpus_given"] else " (one data-parallel replica)")
+    out = [f"workload: {wl['precision']}, attention {wl['attention_backend']} "
+           f"({CORES[wl['attention_core']]}), fusions: {', '.join(wl['fusions']) or 'none'}; "
+           f"{gpus}; defaults: {DEFAULTS.get(wl['defaults_source'], wl['defaults_source'])}",
+           f"          {wl['num_layers']} layers, hidden {wl['hidden_size']}, TP{wl['tp']} PP{wl['pp']} "
            f"VPP{wl['vpp']} CP{wl['cp']} EP{wl['ep']} DP{wl['dp']}, seq {wl['seq_length']}, "
            f"MBS {wl['micro_batch_size']}, {wl['num_microbatches']} micro-batches, "
            f"{wl['gpu_memory_gb']:g} GB GPUs; recompute now: {wl['recompute']}",
@@ -99,6 +108,9 @@ def render_text(r) -> str:
         out.append(f"model: {m['title']} (catalog '{m['name']}'); layout: "
                    + ("from the cited recipe/study" if m.get("layout_source") else
                       "not in the catalog, defaults or your --set/workload values"))
+    if r.warnings:
+        out.append("settings the memory model does not read (the plan does not account for them):")
+        out += [f"  {f['message']}" for f in r.warnings]
     out.append("")
     if r.estimate is not None:
         out += _rank_table(r) + [""] + _label_table(r) + [""] + _frontier_table(r) + [""]

@@ -274,6 +274,7 @@ def _sections_to_fields(data: dict, origin: str) -> tuple[dict, dict]:
     """Map the file's sections onto Workload fields. Returns (fields, extra_model)."""
     fields: dict[str, Any] = {}
     extra: dict[str, Any] = {}
+    unread: dict[str, Any] = {}
     mapped = {"train": (section_fields("train"), TRAIN_OTHER_KEYS),
               "ddp": (section_fields("ddp"), DDP_OTHER_KEYS),
               "comm_overlap": (section_fields("comm_overlap"), None),
@@ -294,6 +295,8 @@ def _sections_to_fields(data: dict, origin: str) -> tuple[dict, dict]:
                 elif key in known:
                     if key in mcore_field_names():
                         extra[key] = _coerce_extra(key, value, kw)
+                    else:
+                        unread[key] = value
                 else:
                     raise InputError(kw, f"unknown model field{_suggest(key, known)}")
         elif section in mapped:
@@ -305,7 +308,7 @@ def _sections_to_fields(data: dict, origin: str) -> tuple[dict, dict]:
                 if key in ours:
                     fields[key] = _coerce(key, value, kw)
                 elif others is None or key in others:
-                    continue
+                    unread[f"{section}.{key}"] = value
                 else:
                     raise InputError(kw, f"unknown {section} field"
                                      f"{_suggest(key, set(ours) | set(others))}")
@@ -314,6 +317,7 @@ def _sections_to_fields(data: dict, origin: str) -> tuple[dict, dict]:
         else:
             top = {"model", "train", "ddp", "comm_overlap", "cluster", "optimizer"} | IGNORED_SECTIONS
             raise InputError(where, f"unknown section{_suggest(section, top)}")
+    fields["unread"] = unread
     return fields, extra
 
 

@@ -252,6 +252,20 @@ def _optimizer_sentence(w, sh: Shape) -> str:
             + f" ({eager + lazy:g} bytes per parameter)")
 
 
+def _attention_sentence(w, sh: Shape) -> str:
+    core = {"te_fused": "TE's fused / flash kernels (q, k, v, the output and fp32 softmax "
+                        "statistics; no probabilities)",
+            "te_unfused": "TE's UnfusedDotProductAttention (the softmax probabilities [b, a', s, s], "
+                          "fused-kernel eligibility per TE's softmax rules, else fp32)",
+            "mcore": "megatron-core's DotProductAttention (the softmax probabilities, the scores in "
+                     "the persistent global buffer)"}[sh.attn_core]
+    return (f"Core attention: attention_backend {w.attention_backend} with transformer_impl "
+            f"{w.transformer_impl} runs {core}"
+            + ("; TE may still fall back to its unfused kernel where fused ones do not support "
+               "the shape" if w.attention_backend == "auto" and sh.attn_core == "te_fused" else "")
+            + ".")
+
+
 def assumptions(w, sh: Shape, knobs: Knobs) -> list:
     gib = knobs.residual_bytes / GIB
     out = [
@@ -263,9 +277,14 @@ def assumptions(w, sh: Shape, knobs: Knobs) -> list:
         "DP x TP x CP / (EP x ETP)); gradient buffers are not sharded.",
         f"Activations are {sh.elt}-byte elements; norm statistics, softmax LSE, router scores "
         "and permuted probs are fp32.",
-        f"The vocabulary is padded to a multiple of 128 x TP ({sh.vocab}); the last stage keeps "
+        (f"The vocabulary is padded to a multiple of make_vocab_size_divisible_by x TP = "
+         f"{w.make_vocab_size_divisible_by} x {w.tensor_model_parallel_size} ({sh.vocab})"
+         if w.should_pad_vocab else f"The vocabulary is not padded (should_pad_vocab false: {sh.vocab})")
+        + "; the last stage keeps "
         + ("the 16-bit logits holding the TE fused cross-entropy gradient" if sh.te_cross_entropy
-           else "the fp32 cross-entropy softmax") + " [T, V/t] per in-flight micro-batch.",
+           else "the fp32 cross-entropy softmax") + " [T, V/t] per in-flight micro-batch"
+        + (" and per MTP depth." if w.mtp_num_layers else "."),
+        _attention_sentence(w, sh),
         "Transients on top of saved activations: one layer's forward working set, one layer's "
         "gradient buffers, the recompute replay working set, and on the last stage the 16-bit "
         "logits next to the saved fp32 softmax; the largest of them sets the peak.",
@@ -275,9 +294,9 @@ def assumptions(w, sh: Shape, knobs: Knobs) -> list:
         f"replayed memory-bound kernel = {knobs.memory_bound_flops_per_byte:g} FLOPs.",
         "Interleaved schedule: microbatch_group_size_per_vp_stage defaults to PP; every distinct "
         "in-flight vector of the MCore order is evaluated.",
-        "Not modelled: allocator fragmentation, CUDA-graph private pools, CPU / fine-grained "
-        "activation offloading, context-parallel KV exchange buffers, MoE dispatcher workspaces "
-        "beyond one receive buffer, optimizer-step temporaries (inside the residual).",
+        "Not modelled in general: allocator fragmentation and optimizer-step temporaries (inside "
+        "the residual); settings of this workload the model does not read are listed as "
+        "'not modelled: KEY=VALUE' below.",
         "Local-spec fused softmax eligibility follows fused_softmax.py:238-270 @ core_v0.16.1 "
         "except its batch-per-block divisibility check.",
     ]
@@ -304,7 +323,17 @@ def assumptions(w, sh: Shape, knobs: Knobs) -> list:
         out.append("Local spec: separate norm modules, unfused DotProductAttention with "
                    "materialised softmax probabilities (CP must be 1).")
     if w.mtp_num_layers:
-        out.append("Multi-token-prediction layers are not modelled.")
+        out.append(f"MTP: {w.mtp_num_layers} depth(s), each a decoder layer of the last layer's kind "
+                   "with enorm, hnorm, eh_proj (2h -> h) and its final norm, on the chunk that holds "
+                   "MTP (the last one without a layout), plus a copy of the word embedding there "
+                   "unless that is the first chunk; its loss on the last stage.")
+    if sh.E and sh.dispatcher == "flex":
+        out.append("flex dispatcher: DeepEP / HybridEP allocate their communication buffers "
+                   "outside PyTorch's allocator (not in the peak; they lower what PyTorch can use); "
+                   "the working set is taken as alltoall's.")
+    from mbridge_recompute.memory.coverage import unmodelled
+
+    out += [u.sentence() for u in unmodelled(w)]
     if w.pipeline_model_parallel_size > 1 and not sh.deallocate_outputs:
         out.append("deallocate_pipeline_outputs is off (MCore default): each in-flight "
                    "micro-batch keeps its stage output [Tr, h].")

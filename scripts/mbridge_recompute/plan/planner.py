@@ -22,13 +22,49 @@ from mbridge_recompute.units import GB
 NEGLIGIBLE_FRACTION = 1e-3    # a label saving under 0.1 % of the control's peak cannot change a fit
 
 
+FUSIONS = ("bias_activation_fusion", "masked_softmax_fusion", "apply_rope_fusion",
+           "cross_entropy_loss_fusion", "bias_dropout_fusion", "moe_permute_fusion")
+
+
+def precision(w) -> str:
+    """The training precision in words: bf16 / fp16 / fp32 weights and activations, plus the
+    low-precision linears."""
+    base = "bf16" if w.bf16 else "fp16" if w.fp16 else "fp32 (neither bf16 nor fp16 set)"
+    if w.fp8:
+        base += f" + fp8 {w.fp8} {w.fp8_recipe}" + (" (fp8 params)" if w.fp8_param else "")
+    if w.fp4:
+        base += f" + fp4 {w.fp4}"
+    return base
+
+
+def fusions_on(w) -> list:
+    """The memory-relevant fusions switched on (Workload fields or model keys)."""
+    extra = w.extra_model if isinstance(w.extra_model, dict) else {}
+    out = []
+    for name in FUSIONS:
+        value = getattr(w, name, None) if name in w.__dataclass_fields__ else extra.get(name)
+        if value:
+            out.append(name + (f" ({extra.get('cross_entropy_fusion_impl', 'native')})"
+                               if name == "cross_entropy_loss_fusion" else ""))
+    return out
+
+
 def workload_summary(w, setting: RecomputeSetting) -> dict:
+    from mbridge_recompute.memory.shape import attention_core
+
+    gpus = w.num_gpus or w.model_parallel_size
     return {"num_layers": w.num_layers, "hidden_size": w.hidden_size,
             "tp": w.tensor_model_parallel_size, "pp": w.pipeline_model_parallel_size,
-            "vpp": w.vpp, "cp": w.context_parallel_size, "ep": w.expert_model_parallel_size,
+            "vpp": len(place(w).chunks[0]) if place(w).ok else w.vpp,
+            "cp": w.context_parallel_size, "ep": w.expert_model_parallel_size,
             "dp": w.data_parallel_size, "seq_length": w.seq_length,
             "micro_batch_size": w.micro_batch_size, "num_microbatches": w.num_microbatches,
-            "gpu_memory_gb": w.gpu_memory_gb, "recompute": setting.describe()}
+            "num_gpus": gpus, "num_gpus_given": w.num_gpus is not None,
+            "gpu_memory_gb": w.gpu_memory_gb, "recompute": setting.describe(),
+            "precision": precision(w), "attention_backend": w.attention_backend,
+            "attention_core": attention_core(w), "transformer_impl": w.transformer_impl,
+            "fusions": fusions_on(w),
+            "defaults_source": getattr(w, "defaults_source", None) or "mcore"}
 
 
 def _refused(w, release, budget: int, assumptions: list, top) -> PlanReport:
@@ -127,7 +163,10 @@ def plan(w, budget_gb: Optional[float] = None, measured_peak_gb: Optional[float]
         assumptions.append("uncalibrated: pass --measured-peak-gb (or --measured compare.json) with the "
                            "[] control's measured peak to anchor the predictions")
 
+    from mbridge_recompute.memory import coverage
+
     return PlanReport(
+        warnings=coverage.findings(w),
         workload=workload_summary(w, current_setting), budget_bytes=budget, estimate=current,
         labels=effects, candidates=cands, current=current_cand, recommendation=rec, fits=fits,
         diagnosis=None if fits else diagnose_no_fit(current, rec, budget),

@@ -131,6 +131,7 @@ class PlanReport:
     top: Optional[int] = None         # --top: frontier points shown and sweep neighbours
     release: object = None            # facts.releases.Release the plan was made for
     extra: dict = field(default_factory=dict)   # set by the command: model_source, plot
+    warnings: list = field(default_factory=list)  # not-modelled settings (memory/coverage.py)
 
     NEIGHBOURS = 2                    # sweep neighbours of the recommendation without --top
 
@@ -191,6 +192,7 @@ class PlanReport:
             "harness_candidates": self.harness_candidates,
             "calibration": self.calibration.to_dict() if self.calibration else None,
             "workload_findings": list(self.workload_findings),
+            "warnings": list(self.warnings),
             "assumptions": list(self.assumptions),
         }
         out.update(self.extra)

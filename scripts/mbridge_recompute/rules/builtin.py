@@ -86,6 +86,12 @@ class State:
         self.has_modules_field = bool(releases.enum("cuda_graph_modules", version))
         self.impl, self.scopes, self.migrated_full_iteration = _capture(w, self.has_modules_field)
         self.placement = place(w, version)
+        # a layout with several virtual stages per rank sets virtual_pipeline_model_parallel_size
+        # before the later checks read it (tc:1339-1352 @ core_v0.16.1)
+        self.vpp = w.virtual_pipeline_model_parallel_size
+        if self.vpp is None and w.pipeline_model_parallel_layout is not None and self.placement.ok \
+                and len(self.placement.chunks[0]) > 1:
+            self.vpp = len(self.placement.chunks[0])
 
     def params(self, cid: str) -> dict:
         return card.constraint_at(cid, self.version)["params"]
@@ -718,7 +724,7 @@ def _fg_graph_impl(s: State):
 def _ep_vpp(s: State):
     w = s.w
     if w.overlap_moe_expert_parallel_comm and w.pipeline_model_parallel_size > 1 \
-            and w.virtual_pipeline_model_parallel_size is None:
+            and s.vpp is None:
         return Hit("EP overlap with pipeline parallelism but no virtual pipeline")
 
 

@@ -276,6 +276,11 @@ VARIATION_CASES: list = [
                                                "pipeline_model_parallel_layout": "Et*4|t*4m||L"}, None),
     ("v layout MTP split", {**PP2, "mtp_num_layers": 2,
                             "pipeline_model_parallel_layout": "Et*8m|mL"}, None),
+    ("v layout sets VPP for EP overlap", {**EPO, **MOE, "pipeline_model_parallel_size": 2,
+                                          "pipeline_model_parallel_layout": "Et*2|t*2|t*2|t*2L"}, None),
+    ("v layout of one stage per rank, EP overlap", {**EPO, **MOE, "pipeline_model_parallel_size": 2,
+                                                    "pipeline_model_parallel_layout": "Et*4|t*4L"},
+     None),
     ("v layout encoder", {**PP2, "pipeline_model_parallel_layout":
                           [["embedding", "encoder"] + ["decoder"] * 4, ["decoder"] * 4 + ["loss"]]}, None),
     # release differences (cuda_graph_modules is a 0.18+ field; the scope migrates there)

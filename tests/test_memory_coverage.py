@@ -1,0 +1,101 @@
+"""No silent fields: every key the loader accepts is modelled, has no memory effect, or is named
+in the plan as not modelled when its value matters (data/coverage.yaml, memory/coverage.py)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from mbridge_recompute.inputs import loading
+from mbridge_recompute.inputs.loading import load_workload
+from mbridge_recompute.memory import coverage
+from mbridge_recompute.plan.planner import plan
+from mbridge_recompute.workload import FIELD_NAMES, Workload
+
+from conftest import EXAMPLES, ROOT
+
+PACKAGE = ROOT / "scripts" / "mbridge_recompute"
+
+
+def accepted_keys() -> set:
+    """Every key the loader reads into a Workload or keeps: model keys by bare name, the other
+    sections' non-Workload keys as section.key."""
+    keys = set(FIELD_NAMES) | loading.mcore_field_names() | loading.BRIDGE_MODEL_KEYS
+    keys |= {f"train.{k}" for k in loading.TRAIN_OTHER_KEYS}
+    keys |= {f"ddp.{k}" for k in loading.DDP_OTHER_KEYS}
+    return keys - {"first_k_dense_replace"}      # read into moe_layer_freq
+
+
+def test_every_accepted_field_is_modelled_or_named_as_not_modelled():
+    data = coverage.load()
+    missing = sorted(k for k in accepted_keys() if coverage.category(k) is None)
+    assert not missing, missing
+    twice = [k for k in accepted_keys() if sum(k in data[c] for c in coverage.CATEGORIES) > 1]
+    assert not twice, twice
+
+
+def test_modelled_keys_are_read_by_the_memory_model():
+    """A key listed as modelled appears in the source of the memory model, the placement, the
+    Workload's derived sizes or the loader (first_k_dense_replace becomes moe_layer_freq)."""
+    sources = "".join(p.read_text() for p in list((PACKAGE / "memory").glob("*.py"))
+                      + [PACKAGE / "placement.py", PACKAGE / "workload.py",
+                         PACKAGE / "inputs" / "loading.py"]
+                      if p.name != "coverage.py")
+    unread = [k for k in coverage.load()["modelled"] if k not in sources]
+    assert not unread, unread
+
+
+def test_not_modelled_entries_say_what_they_change_and_when_they_are_inert():
+    for key, entry in coverage.load()["not_modelled"].items():
+        assert entry["changes"].strip(), key
+        assert isinstance(entry.get("inert", []), list), key
+
+
+def test_default_workload_names_nothing_as_not_modelled():
+    assert coverage.unmodelled(Workload()) == []
+
+
+def test_offloading_is_named_in_plan_assumptions_and_as_a_warning():
+    w = Workload(num_layers=4, fine_grained_activation_offloading=True, offload_modules=["core_attn"],
+                 bf16=True)
+    report = plan(w).to_dict()
+    named = {f["field"] for f in report["warnings"]}
+    assert {"fine_grained_activation_offloading", "offload_modules"} <= named
+    assert all(f["severity"] == "warning" for f in report["warnings"])
+    assert any(a.startswith("not modelled: fine_grained_activation_offloading=true")
+               for a in report["assumptions"])
+
+
+def test_a_setting_that_only_matters_with_another_is_not_named_alone():
+    w = Workload(offload_modules=["core_attn"])          # offloading itself is off
+    assert [u.key for u in coverage.unmodelled(w)] == []
+
+
+def test_keys_the_loader_keeps_unread_are_judged_too(tmp_path):
+    path = Path(tmp_path) / "w.yaml"
+    path.write_text("model: {num_layers: 2}\n"
+                    "optimizer: {optimizer_cpu_offload: true, optimizer_offload_fraction: 0.5, "
+                    "some_future_knob: 3}\n")
+    w = load_workload(str(path))
+    named = {u.key: u for u in coverage.unmodelled(w)}
+    assert "optimizer.optimizer_cpu_offload" in named
+    assert "not know" in named["optimizer.some_future_knob"].changes
+
+
+@pytest.mark.parametrize("condition, expect", [
+    ("fp8", False), ("bf16", True), ("tensor_model_parallel_size > 1", True),
+    ("moe_token_dispatcher_type=alltoall/flex", True), ("moe_token_dispatcher_type != alltoall", False),
+    ("bf16 and fp8", False), ("fp8 or bf16", True), ("value==bf16", True),
+    ("the unfused activation path", True)])
+def test_coverage_conditions(condition, expect):
+    w = Workload(bf16=True, tensor_model_parallel_size=2, num_attention_heads=16,
+                 moe_token_dispatcher_type="alltoall")
+    assert coverage.holds(w, condition, own=True) is expect
+
+
+def test_the_example_workloads_name_only_settings_they_set():
+    for path in sorted(EXAMPLES.glob("*.yaml")):
+        w = load_workload(str(path))
+        for u in coverage.unmodelled(w):
+            assert coverage.lookup(w, u.key) == u.value
