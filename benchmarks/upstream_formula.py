@@ -21,7 +21,6 @@ the pipeline layout, and reports the first stage, not the last rank the measurem
 from __future__ import annotations
 
 
-
 def _norm(w) -> int:
     return 1 if w.normalization == "RMSNorm" else 2
 

@@ -27,8 +27,9 @@ def add_arguments(parser) -> None:
 
     add_workload_arguments(parser)
     parser.add_argument("--budget-gb", type=float, metavar="GB",
-                        help="per-GPU memory budget in decimal GB (default: cluster.gpu_memory_gb "
-                             "minus max(5%%, 2 GB))")
+                        help="per-GPU memory budget in decimal GB (default: the GPU's capacity as "
+                             "PyTorch reports it, from cluster.gpu_memory_gib, cluster.gpu or "
+                             "cluster.gpu_memory_gb, minus max(5%%, 2 GB))")
     cal = parser.add_mutually_exclusive_group()
     cal.add_argument("--measured-peak-gb", type=float, metavar="GB",
                      help="measured peak allocated GB of the selective [] control run; anchors predictions")
@@ -99,8 +100,9 @@ def render_text(r) -> str:
            f"{gpus}; defaults: {DEFAULTS.get(wl['defaults_source'], wl['defaults_source'])}",
            f"          {wl['num_layers']} layers, hidden {wl['hidden_size']}, TP{wl['tp']} PP{wl['pp']} "
            f"VPP{wl['vpp']} CP{wl['cp']} EP{wl['ep']} DP{wl['dp']}, seq {wl['seq_length']}, "
-           f"MBS {wl['micro_batch_size']}, {wl['num_microbatches']} micro-batches, "
-           f"{wl['gpu_memory_gb']:g} GB GPUs; recompute now: {wl['recompute']}",
+           f"MBS {wl['micro_batch_size']}, {wl['num_microbatches']} micro-batches; "
+           f"recompute now: {wl['recompute']}",
+           f"GPU: {wl['gpu_capacity'].split(' [')[0]}",
            f"megatron-core {r.release.name}: {r.release.how}",
            f"budget: {gb(r.budget_bytes)} GB per GPU (sizes below in decimal GB)"]
     m = r.extra.get("model_source")

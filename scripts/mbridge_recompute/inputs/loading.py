@@ -399,6 +399,10 @@ def load_workload(path: str | None = None, sets: Iterable[str] = (), model: str 
 
 def validate(w: Workload, version: str) -> None:
     """Consistency checks that make a workload meaningless (exit 2), not constraint findings."""
+    if w.gpu is not None:
+        from mbridge_recompute.facts.gpus import resolve
+
+        resolve(w.gpu)           # an unknown GPU name: exit 2 listing the known ones
     tp = w.tensor_model_parallel_size
     if w.num_attention_heads % tp:
         raise InputError("model.tensor_model_parallel_size",

@@ -21,7 +21,6 @@ from functools import lru_cache
 from typing import NamedTuple
 
 from mbridge_recompute.memory.recompute import chunk_groups, granularity_of, layout_of, modules_of
-from mbridge_recompute.placement import place
 from mbridge_recompute.memory.schedule import inflight_vectors
 from mbridge_recompute.memory.shape import Shape, shape_of
 from mbridge_recompute.memory.static import optimizer_state_bytes, rank_params, static_bytes
@@ -41,6 +40,7 @@ from mbridge_recompute.memory.tensors import (
     softmax_in_fp32,
 )
 from mbridge_recompute.memory.types import DEFAULT_KNOBS, Knobs, MemoryEstimate, RankMemory
+from mbridge_recompute.placement import place
 from mbridge_recompute.units import GIB
 
 NONE = frozenset()

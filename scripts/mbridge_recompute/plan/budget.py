@@ -6,6 +6,7 @@ import math
 from typing import Optional
 
 from mbridge_recompute.errors import InputError
+from mbridge_recompute.plan.capacity import capacity
 from mbridge_recompute.plan.report import Calibration
 from mbridge_recompute.units import GB
 
@@ -14,7 +15,7 @@ HEADROOM_MIN_GB = 2.0
 
 
 def default_budget_bytes(w) -> int:
-    cap = w.gpu_memory_gb * GB
+    cap = capacity(w).bytes
     return int(cap - max(HEADROOM_FRACTION * cap, HEADROOM_MIN_GB * GB))
 
 
@@ -30,9 +31,10 @@ def budget_statement(w, budget_gb: Optional[float]) -> tuple[int, str]:
     if budget_gb is not None:
         return gb_to_bytes(budget_gb, "--budget-gb"), f"budget {budget_gb:g} GB per GPU (--budget-gb)"
     b = default_budget_bytes(w)
-    return b, (f"budget {b / GB:.2f} GB = cluster.gpu_memory_gb {w.gpu_memory_gb:g} GB minus a headroom of "
+    cap = capacity(w)
+    return b, (f"budget {b / GB:.2f} GB = the GPU's {cap.bytes / GB:.2f} GB minus a headroom of "
                f"max({HEADROOM_FRACTION:.0%}, {HEADROOM_MIN_GB:g} GB) for allocator fragmentation and "
-               "workspaces the model does not itemise (override with --budget-gb)")
+               f"workspaces the model does not itemise (override with --budget-gb); capacity: {cap.how}")
 
 
 def settle(candidates, budget: int, calibration: Optional[Calibration]) -> None:

@@ -11,6 +11,7 @@ from typing import Optional
 
 from mbridge_recompute.placement import place
 from mbridge_recompute.plan.budget import budget_statement, gb_to_bytes, settle
+from mbridge_recompute.plan.capacity import capacity
 from mbridge_recompute.plan.labels import evaluate_labels
 from mbridge_recompute.plan.pricing import Pricer, disabled_by
 from mbridge_recompute.plan.report import Calibration, PlanReport
@@ -60,7 +61,8 @@ def workload_summary(w, setting: RecomputeSetting) -> dict:
             "dp": w.data_parallel_size, "seq_length": w.seq_length,
             "micro_batch_size": w.micro_batch_size, "num_microbatches": w.num_microbatches,
             "num_gpus": gpus, "num_gpus_given": w.num_gpus is not None,
-            "gpu_memory_gb": w.gpu_memory_gb, "recompute": setting.describe(),
+            "gpu_memory_gb": w.gpu_memory_gb, "gpu_capacity_bytes": capacity(w).bytes,
+            "gpu_capacity": capacity(w).how, "recompute": setting.describe(),
             "precision": precision(w), "attention_backend": w.attention_backend,
             "attention_core": attention_core(w), "transformer_impl": w.transformer_impl,
             "fusions": fusions_on(w),
