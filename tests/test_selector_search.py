@@ -9,7 +9,7 @@ import pytest
 from mbridge_recompute.errors import InputError
 from mbridge_recompute.inputs.loading import load_workload
 from mbridge_recompute.placement import place
-from mbridge_recompute.plan import budget, planner, search
+from mbridge_recompute.plan import budget, measured, planner, search
 from mbridge_recompute.plan.labels import label_effects
 from mbridge_recompute.setting import RecomputeSetting
 
@@ -168,16 +168,16 @@ def test_harness_candidates_start_with_the_control_and_include_the_recommendatio
         RecomputeSetting.parse(text)                      # every entry is valid candidate syntax
 
 
-def test_measured_peak_comes_from_the_compare_reports_control_run(tmp_path):
+def test_measured_peak_comes_from_the_compare_reports_control_run(tmp_path, moonlight):
     p = tmp_path / "compare.json"
     p.write_text(json.dumps({"control": "empty", "runs": [
         {"name": "moe_act", "status": "pass", "peak_allocated_gb": 35.941},
         {"name": "empty", "status": "pass", "peak_allocated_gb": 36.618}]}))
-    assert budget.measured_peak_from_compare(str(p)) == 36.618
+    assert measured.read(str(p), moonlight).hottest_bytes == int(36.618 * GB)
     p.write_text(json.dumps({"control": "empty", "runs": [{"name": "empty", "status": "oom",
                                                           "peak_allocated_gb": None}]}))
     with pytest.raises(InputError) as exc:
-        budget.measured_peak_from_compare(str(p))
+        measured.read(str(p), moonlight)
     assert exc.value.field == "--measured" and "no peak_allocated_gb" in exc.value.reason
 
 

@@ -33,8 +33,23 @@ def add_arguments(parser) -> None:
     cal = parser.add_mutually_exclusive_group()
     cal.add_argument("--measured-peak-gb", type=float, metavar="GB",
                      help="measured peak allocated GB of the selective [] control run; anchors predictions")
-    cal.add_argument("--measured", metavar="COMPARE.json",
-                     help="`compare --json` output; its control run's peak_allocated_gb anchors predictions")
+    cal.add_argument("--measured", metavar="REPORT.json",
+                     help="`compare --json` output (its control run's per-rank peaks anchor each "
+                          "pipeline rank; a run that died in iteration 2 is matched at iteration 1) "
+                          "or `diagnose --json` output (the rank that ran out of memory is the "
+                          "--free-gb rank)")
+    parser.add_argument("--measured-iteration", type=int, metavar="N",
+                        help="the iteration after which --measured-peak-gb was taken: 1 means "
+                             "before the first optimizer step created Adam's moments (default: a "
+                             "later, steady iteration)")
+    parser.add_argument("--free-gb", type=float, metavar="GB",
+                        help="recommend the cheapest setting that frees at least GB decimal GB on "
+                             "--rank against the current setting (exit 1 if none does)")
+    parser.add_argument("--rank", type=int, metavar="R",
+                        help="pipeline rank for --free-gb (default: the rank --measured says ran "
+                             "out of memory, else the hottest)")
+    parser.add_argument("--per-rank", action="store_true",
+                        help="text: every pipeline rank's saving per label and peak per candidate")
     parser.add_argument("--json", action="store_true", help="one JSON object on stdout (sizes in bytes)")
     parser.add_argument("--plot", metavar="FILE.png",
                         help="draw per-rank stacked memory bars and the memory/cost frontier "
@@ -49,7 +64,7 @@ def add_arguments(parser) -> None:
 
 def run(args) -> int:
     from mbridge_recompute.inputs.loading import load_workload
-    from mbridge_recompute.plan.budget import measured_peak_from_compare
+    from mbridge_recompute.plan import measured as measured_input
     from mbridge_recompute.plan.planner import plan
 
     if args.top is not None and args.top < 1:
@@ -61,10 +76,15 @@ def run(args) -> int:
     release = releases.target(args.mcore_version)
     w = load_workload(args.workload, args.sets, model=args.model, hf_config=args.hf_config,
                       mcore_version=release.requested, default=True)
-    measured, source = args.measured_peak_gb, "--measured-peak-gb"
-    if args.measured:
-        measured, source = measured_peak_from_compare(args.measured), f"--measured {args.measured}"
-    report = plan(w, budget_gb=args.budget_gb, measured_peak_gb=measured, measured_source=source,
+    if args.measured_iteration is not None and (args.measured_iteration < 1
+                                                or args.measured_peak_gb is None):
+        raise InputError("--measured-iteration", "must be >= 1 and goes with --measured-peak-gb")
+    if args.rank is not None and args.free_gb is None and not args.per_rank:
+        raise InputError("--rank", "goes with --free-gb (or --per-rank)")
+    measured = measured_input.read(args.measured, w) if args.measured else None
+    report = plan(w, budget_gb=args.budget_gb, measured_peak_gb=args.measured_peak_gb,
+                  measured=measured, measured_iteration=args.measured_iteration,
+                  free_gb=args.free_gb, rank=args.rank, per_rank=args.per_rank,
                   version=release, top=args.top)
     if args.model:
         from mbridge_recompute.inputs import catalog
@@ -123,6 +143,12 @@ def render_text(r) -> str:
                    + ("fits" if cur.fits else "does not fit" if cur.allowed else
                       "rejected: " + ", ".join(cur.rejected_by)))
     rec = r.recommendation
+    if r.free:
+        fr = r.free
+        out.append(f"to free {gb(fr['free_bytes'])} GB on pp_rank {fr['pp_rank']} (current "
+                   f"{fr['from']}: {gb(fr['from_peak_bytes'])} GB there): "
+                   + (f"{fr['answer']} frees {gb(fr['freed_bytes'])} GB" if fr["answer"] else
+                      f"nothing does; the most is {gb(fr['most_freed_bytes'])} GB ({fr['most_freed_by']})"))
     if rec is None:
         out.append("recommendation: none" + (" (every candidate is rejected by the checker)"
                                              if r.candidates else ""))
@@ -130,7 +156,7 @@ def render_text(r) -> str:
         from mbridge_recompute.plan.report import CAVEAT
         from mbridge_recompute.write.snippets import render_all
 
-        verdict = "fits" if r.fits else "does NOT fit"
+        verdict = "fits" if rec.fits else "does NOT fit"
         out.append(f"recommendation: {rec.setting.describe()} ({rec.name}): predicted peak "
                    f"{gb(rec.peak_bytes)} GB on pp_rank {rec.hottest_pp_rank}, replay cost "
                    f"{rec.cost_pct:.2f} %, {verdict} the {gb(r.budget_bytes)} GB budget")
@@ -178,10 +204,17 @@ def _rank_table(r) -> list:
 def _label_table(r) -> list:
     from mbridge_recompute.output import table
 
-    rows = [[e.label, "yes" if e.applicable else "no", gb(e.saving_bytes) if e.applicable else "-",
-             f"{e.cost_pct:.2f}" if e.applicable else "-", e.reason] for e in r.labels]
-    return ["recompute labels (saving on the hottest rank vs the [] control)",
-            table(["label", "applies", "saving GB", "cost %", "why"], rows, "llrrl")]
+    ranks = len(r.estimate.ranks) if r.per_rank else 0
+    rows = []
+    for e in r.labels:
+        row = [e.label, "yes" if e.applicable else "no", gb(e.saving_bytes) if e.applicable else "-"]
+        row += [gb(e.rank_saving_bytes[k]) if e.applicable else "-" for k in range(ranks)]
+        row += [f"{e.cost_pct:.2f}" if e.applicable else "-", e.reason]
+        rows.append(row)
+    headers = ["label", "applies", "saving GB"] + [f"rank {k}" for k in range(ranks)] + ["cost %", "why"]
+    return ["recompute labels (saving on the hottest rank vs the [] control"
+            + (", then on each pipeline rank)" if ranks else ")"),
+            table(headers, rows, "llr" + "r" * ranks + "rl")]
 
 
 def _frontier_table(r) -> list:
@@ -189,14 +222,16 @@ def _frontier_table(r) -> list:
 
     front = r.shown_frontier
     limit = r.top or TEXT_FRONTIER_ROWS
-    rows = [[c.name, gb(c.peak_bytes), f"{c.cost_pct:.2f}", "yes" if c.fits else "no", c.peak_term]
-            for c in front[:limit]]
+    ranks = len(r.estimate.ranks) if r.per_rank else 0
+    rows = [[c.name, gb(c.peak_bytes)] + [gb(c.rank_peak(k)) for k in range(ranks)]
+            + [f"{c.cost_pct:.2f}", "yes" if c.fits else "no", c.peak_term] for c in front[:limit]]
     more = len(front) - min(limit, len(front))
     dominated = sum(1 for c in r.candidates if c.dominated_by is not None)
     rejected = [c for c in r.candidates if not c.allowed]
     out = [f"frontier (peak vs replay cost; {dominated} dominated and {len(rejected)} rejected "
            f"candidates not shown{f', {more} more points' if more > 0 else ''})",
-           table(["candidate", "peak GB", "cost %", "fits", "peak term"], rows, "lrrll")]
+           table(["candidate", "peak GB"] + [f"rank {k}" for k in range(ranks)]
+                 + ["cost %", "fits", "peak term"], rows, "lr" + "r" * ranks + "rll")]
     groups: dict = {}
     for c in rejected:
         groups.setdefault(", ".join(c.rejected_by), []).append(c.name)

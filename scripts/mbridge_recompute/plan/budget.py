@@ -38,30 +38,8 @@ def budget_statement(w, budget_gb: Optional[float]) -> tuple[int, str]:
 
 
 def settle(candidates, budget: int, calibration: Optional[Calibration]) -> None:
-    """The one place calibration and the fit are applied: every candidate's peak moves by the
-    measured offset, and it fits when it is allowed and its (calibrated) peak is in budget."""
-    offset = calibration.offset_bytes if calibration else 0
+    """The one place calibration and the fit are applied: every candidate's rank peaks move by
+    the measured offsets, and it fits when it is allowed and its (calibrated) peak is in budget."""
     for c in candidates:
-        c.offset_bytes = offset
+        c.offsets = calibration.offsets(len(c.rank_peaks)) if calibration else ()
         c.fits = c.allowed and c.peak_bytes <= budget
-
-
-def measured_peak_from_compare(path: str) -> float:
-    """The control run's peak_allocated_gb from a `compare --json` report."""
-    from mbridge_recompute.inputs.loading import read_json
-
-    data = read_json(path, "--measured")
-    if not isinstance(data, dict) or not isinstance(data.get("runs"), list):
-        raise InputError("--measured", f"{path}: expected the JSON object of `compare --json` "
-                                       "(keys control, runs)")
-    control = data.get("control")
-    runs = [r for r in data["runs"] if isinstance(r, dict)]
-    run = next((r for r in runs if r.get("name") == control), None) or \
-        next((r for r in runs if r.get("control") is True), None)
-    if run is None:
-        raise InputError("--measured", f"{path}: no run named after the control {control!r}")
-    peak = run.get("peak_allocated_gb")
-    if isinstance(peak, bool) or not isinstance(peak, (int, float)) or not peak > 0:
-        raise InputError("--measured", f"{path}: control run {control!r} has no peak_allocated_gb "
-                                       f"(status {run.get('status')!r})")
-    return float(peak)

@@ -9,10 +9,12 @@ from __future__ import annotations
 
 from typing import Optional
 
+from mbridge_recompute.errors import InputError
 from mbridge_recompute.placement import place
 from mbridge_recompute.plan.budget import budget_statement, gb_to_bytes, settle
 from mbridge_recompute.plan.capacity import capacity
 from mbridge_recompute.plan.labels import evaluate_labels
+from mbridge_recompute.plan.measured import Measured, from_peak_gb
 from mbridge_recompute.plan.pricing import Pricer, disabled_by
 from mbridge_recompute.plan.report import Calibration, PlanReport
 from mbridge_recompute.plan.search import full_settings, mark_dominated, order, recommend, selective_settings
@@ -85,18 +87,81 @@ def _refused(w, release, budget: int, assumptions: list, top) -> PlanReport:
                       release=release)
 
 
+def calibrate(w, control, measured: Measured) -> Calibration:
+    """Anchor the [] control's per-rank model to what was measured, like for like: a peak taken
+    after iteration 1 against the model's first-iteration peak (no Adam moments yet)."""
+    from mbridge_recompute import memory
+
+    cw = control.setting.apply(w)
+    est = memory.estimate(cw, disabled=control.disabled)
+    if measured.first_iteration:
+        model = [memory.first_iteration_peak_bytes(cw, r) for r in est.ranks]
+    else:
+        model = [r.peak_bytes for r in est.ranks]
+    own = {r: b for r, b in measured.rank_bytes.items() if 0 <= r < len(model)}
+    if own:
+        hot = max(own, key=lambda r: (own[r], -r))
+        peak = own[hot]
+    else:
+        hot = max(range(len(model)), key=lambda r: (model[r], -r))
+        peak = measured.hottest_bytes
+    base = peak - model[hot]
+    offsets = tuple(own[r] - model[r] if r in own else base for r in range(len(model)))
+    return Calibration(peak, model[hot], measured.source, measured.iteration, offsets,
+                       tuple(sorted(own)), hot)
+
+
+def _calibration_sentence(c: Calibration) -> str:
+    when = ("after iteration 1, before the first optimizer step creates Adam's moments: offset "
+            "taken against the model's first-iteration peak, steady-state predictions = model + "
+            "offset" if c.iteration == 1 else "in the steady state")
+    ranks = (f"; pp_ranks {', '.join(map(str, c.measured_ranks))} each by their own offset, the "
+             "others by pp_rank {c.pp_rank}'s" if len(c.measured_ranks) > 1 else "")
+    return (f"calibrated: the [] control's modelled peak {c.control_model_peak_bytes / GB:.2f} GB on "
+            f"pp_rank {c.pp_rank} is anchored to the measured {c.measured_peak_bytes / GB:.2f} GB "
+            f"({c.source}), measured {when}; each candidate = its modelled peak + the offset "
+            f"({c.offset_bytes / GB:+.2f} GB{ranks})").replace("{c.pp_rank}", str(c.pp_rank))
+
+
+def free_memory(cands: list, current, need: int, rank: int) -> tuple:
+    """The cheapest allowed candidate that frees at least `need` bytes on pipeline rank `rank`
+    against the current setting, and the answer's facts."""
+    base = current.rank_peak(rank)
+    allowed = [c for c in cands if c.allowed]
+    able = sorted((c for c in allowed if base - c.rank_peak(rank) >= need), key=order)
+    best = max(allowed, key=lambda c: base - c.rank_peak(rank), default=None)
+    pick = able[0] if able else None
+    facts = {"pp_rank": rank, "free_bytes": need, "from": current.name,
+             "from_peak_bytes": base, "answer": pick.name if pick else None,
+             "freed_bytes": (base - pick.rank_peak(rank)) if pick else None,
+             "most_freed_bytes": (base - best.rank_peak(rank)) if best else 0,
+             "most_freed_by": best.name if best else None}
+    return pick, facts
+
+
 def plan(w, budget_gb: Optional[float] = None, measured_peak_gb: Optional[float] = None,
          measured_source: str = "--measured-peak-gb", version=None,
-         top: Optional[int] = None) -> PlanReport:
+         top: Optional[int] = None, measured: Optional[Measured] = None,
+         measured_iteration: Optional[int] = None, free_gb: Optional[float] = None,
+         rank: Optional[int] = None, per_rank: bool = False) -> PlanReport:
     """The whole planning report for workload `w` on megatron-core `version` (a
-    `releases.Release`, a release string, or None for the installed / newest one)."""
+    `releases.Release`, a release string, or None for the installed / newest one).
+
+    `measured` (or `measured_peak_gb`, taken after `measured_iteration`) calibrates; `free_gb`
+    asks for the cheapest setting freeing that much on pipeline rank `rank` (default: the rank
+    the measurement says failed, else the hottest)."""
     from mbridge_recompute import memory
     from mbridge_recompute.facts import releases
 
     release = version if isinstance(version, releases.Release) else releases.target(version)
     version = release.key
     budget, budget_text = budget_statement(w, budget_gb)
-    measured_bytes = None if measured_peak_gb is None else gb_to_bytes(measured_peak_gb, measured_source)
+    if measured is None and measured_peak_gb is not None:
+        measured = from_peak_gb(measured_peak_gb, measured_iteration, measured_source)
+    if rank is not None and not 0 <= rank < w.pipeline_model_parallel_size:
+        raise InputError("--rank", f"must be a pipeline rank from 0 to "
+                                   f"{w.pipeline_model_parallel_size - 1}, got {rank}")
+    need = None if free_gb is None else gb_to_bytes(free_gb, "--free-gb")
     if not place(w, version).ok:
         return _refused(w, release, budget, [budget_text], top)
 
@@ -132,13 +197,20 @@ def plan(w, budget_gb: Optional[float] = None, measured_peak_gb: Optional[float]
     current_cand = next((c for c in cands if c.setting == current_setting), None) \
         or pricer.price(current_setting)
     calibration = None
-    if measured_bytes is not None:
-        calibration = Calibration(measured_bytes, control.model_peak_bytes, measured_source)
+    if measured is not None and measured.hottest_bytes is not None:
+        calibration = calibrate(w, control, measured)
     settle(cands + [current_cand], budget, calibration)
     mark_dominated(cands)
     cands.sort(key=order)
     rec = recommend(cands)
     fits = rec is not None and rec.fits
+    free = None
+    if need is not None:
+        target = rank if rank is not None else (
+            measured.failed_rank if measured is not None and measured.failed_rank is not None
+            else current_cand.hottest_pp_rank)
+        rec, free = free_memory(cands, current_cand, need, target)
+        fits = rec is not None
 
     chunks = place(w, version)
     assumptions = list(current.assumptions)
@@ -156,11 +228,7 @@ def plan(w, budget_gb: Optional[float] = None, measured_peak_gb: Optional[float]
                            + ", ".join(sorted(pricer.baseline_errors))
                            + "); candidates are judged on the rest")
     if calibration:
-        assumptions.append(
-            f"calibrated: the [] control's modelled peak {calibration.control_model_peak_bytes / GB:.2f} GB "
-            f"is anchored to the measured {calibration.measured_peak_bytes / GB:.2f} GB ({measured_source}); "
-            f"each candidate = measured + its modelled delta from the control "
-            f"(offset {calibration.offset_bytes / GB:+.2f} GB)")
+        assumptions.append(_calibration_sentence(calibration))
     else:
         assumptions.append("uncalibrated: pass --measured-peak-gb (or --measured compare.json) with the "
                            "[] control's measured peak to anchor the predictions")
@@ -171,10 +239,18 @@ def plan(w, budget_gb: Optional[float] = None, measured_peak_gb: Optional[float]
         warnings=coverage.findings(w),
         workload=workload_summary(w, current_setting), budget_bytes=budget, estimate=current,
         labels=effects, candidates=cands, current=current_cand, recommendation=rec, fits=fits,
-        diagnosis=None if fits else diagnose_no_fit(current, rec, budget),
-        calibration=calibration,
+        diagnosis=None if fits else (diagnose_no_free(free) if free else
+                                     diagnose_no_fit(current, rec, budget)),
+        calibration=calibration, free=free, per_rank=per_rank,
         workload_findings=errors(pricer.baseline["findings"]),
         assumptions=assumptions, top=top, release=release)
+
+
+def diagnose_no_free(free: dict) -> str:
+    return (f"no allowed setting frees {free['free_bytes'] / GB:.2f} GB on pp_rank {free['pp_rank']} "
+            f"against the current {free['from']}: the most is {free['most_freed_bytes'] / GB:.2f} GB "
+            f"({free['most_freed_by']}); a layout change (more PP or TP, CP, VPP) or a shorter "
+            "sequence / smaller micro-batch is needed there")
 
 
 def diagnose_no_fit(current, rec, budget: int) -> str:

@@ -24,7 +24,7 @@ class Candidate:
     rank_terms: tuple                 # the term that sets each rank's peak
     cost_pct: float                   # modelled replay work as % of the step
     rejected_by: tuple = ()           # error findings this setting adds over the [] control
-    offset_bytes: int = 0             # calibration: measured - modelled peak of the [] control
+    offsets: tuple = ()               # calibration per PP rank: measured - modelled [] control
     fits: bool = False
     dominated_by: Optional[str] = None
     disabled: tuple = ()              # (label, block) the checker finds switched off, not priced
@@ -38,25 +38,30 @@ class Candidate:
     def allowed(self) -> bool:
         return not self.rejected_by
 
+    def offset(self, rank: int) -> int:
+        return self.offsets[rank] if self.offsets else 0
+
+    def rank_peak(self, rank: int) -> int:
+        """Rank `rank`'s peak, calibrated when a measurement was given."""
+        return self.rank_peaks[rank] + self.offset(rank)
+
     @property
     def hottest_pp_rank(self) -> int:
-        return max(range(len(self.rank_peaks)), key=lambda r: (self.rank_peaks[r], -r))
+        return max(range(len(self.rank_peaks)), key=lambda r: (self.rank_peak(r), -r))
 
     @property
     def model_peak_bytes(self) -> int:
-        return self.rank_peaks[self.hottest_pp_rank]
+        """The modelled (uncalibrated) peak of the modelled hottest rank."""
+        return max(self.rank_peaks)
 
     @property
     def peak_bytes(self) -> int:
         """The hottest rank's peak, calibrated when a measurement was given."""
-        return self.model_peak_bytes + self.offset_bytes
+        return self.rank_peak(self.hottest_pp_rank)
 
     @property
     def peak_term(self) -> str:
         return self.rank_terms[self.hottest_pp_rank]
-
-    def rank_peak(self, rank: int) -> int:
-        return self.rank_peaks[rank] + self.offset_bytes
 
     def to_dict(self) -> dict:
         d = {"name": self.name, "describe": self.setting.describe()}
@@ -92,19 +97,32 @@ class LabelEffect:
 
 @dataclass
 class Calibration:
-    """A measured peak of the [] control anchors every prediction."""
-    measured_peak_bytes: int
-    control_model_peak_bytes: int
+    """A measured peak of the [] control anchors every prediction: each pipeline rank with a
+    measurement of its own moves by its own offset, the others by the hottest measured rank's.
+    Measured after iteration 1, the offset is taken against the model's first-iteration peak
+    (no Adam moments yet) and the steady state is predicted with it."""
+    measured_peak_bytes: int          # the hottest measured rank
+    control_model_peak_bytes: int     # the model's [] control on that rank, at that iteration
     source: str
+    iteration: Optional[int] = None   # the measurement was taken after this iteration (None: steady)
+    rank_offsets: tuple = ()          # per PP rank: measured - modelled
+    measured_ranks: tuple = ()        # PP ranks with a measurement of their own
+    pp_rank: Optional[int] = None     # the rank the hottest measurement is from
 
     @property
     def offset_bytes(self) -> int:
         return self.measured_peak_bytes - self.control_model_peak_bytes
 
+    def offsets(self, ranks: int) -> tuple:
+        return self.rank_offsets or (self.offset_bytes,) * ranks
+
     def to_dict(self) -> dict:
         return {"measured_peak_bytes": self.measured_peak_bytes,
                 "control_model_peak_bytes": self.control_model_peak_bytes,
-                "offset_bytes": self.offset_bytes, "source": self.source}
+                "offset_bytes": self.offset_bytes, "source": self.source,
+                "measured_after_iteration": self.iteration or "steady state (2 or later)",
+                "pp_rank": self.pp_rank, "rank_offset_bytes": list(self.rank_offsets),
+                "measured_pp_ranks": list(self.measured_ranks)}
 
 
 def nearest(points: list, anchor: Optional[Candidate], n: int) -> list:
@@ -132,6 +150,8 @@ class PlanReport:
     release: object = None            # facts.releases.Release the plan was made for
     extra: dict = field(default_factory=dict)   # set by the command: model_source, plot
     warnings: list = field(default_factory=list)  # not-modelled settings (memory/coverage.py)
+    free: Optional[dict] = None       # --free-gb: the rank, what was asked, what the answer frees
+    per_rank: bool = False            # --per-rank: the text shows every rank's numbers
 
     NEIGHBOURS = 2                    # sweep neighbours of the recommendation without --top
 
@@ -193,6 +213,7 @@ class PlanReport:
             "calibration": self.calibration.to_dict() if self.calibration else None,
             "workload_findings": list(self.workload_findings),
             "warnings": list(self.warnings),
+            "free": dict(self.free) if self.free else None,
             "assumptions": list(self.assumptions),
         }
         out.update(self.extra)
