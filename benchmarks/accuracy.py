@@ -12,7 +12,9 @@ the row names the modelled term that moves most, or says "open discrepancy".
 No constant is tuned to these rows.
 
 Then it runs the planner's selection on the same workloads, with the budget the
-measurements imply, and prints what it recommends; and last, the absolute peaks of the
+measurements imply, and prints what it recommends; then the replay cost model against every
+measured step-time change of those studies (plan/evidence.py: labels whose measured cost is far
+above the model are flagged in every plan); and last, the absolute peaks of the
 published Megatron-LM functional tests against ours and Megatron-LM's own formula
 (benchmarks/measured_peaks.py).
 
@@ -36,17 +38,13 @@ import measured_peaks  # noqa: E402
 from mbridge_recompute import memory  # noqa: E402
 from mbridge_recompute.facts import card  # noqa: E402
 from mbridge_recompute.inputs.loading import load_workload  # noqa: E402
-from mbridge_recompute.plan import planner  # noqa: E402
+from mbridge_recompute.plan import evidence, planner  # noqa: E402
 from mbridge_recompute.setting import RecomputeSetting  # noqa: E402
 from mbridge_recompute.units import GB  # noqa: E402
 
 TOLERANCE = 0.25          # relative
 FLOOR_GB = 0.2            # below this measured change, compare against 0.2 GB instead
-STUDIES = {               # card evidence id -> the example workload with the study's layout
-    "moonlight_16b_selective_h100": "examples/moonlight_16b.yaml",
-    "nemotron3_nano_capacity_h100": "examples/nemotron_3_nano.yaml",
-    "llama3_70b_fp8_sft_h100": "examples/llama3_70b_fp8.yaml",
-}
+STUDIES = {e["id"]: e["workload"] for e in card.load()["evidence"] if e.get("workload")}
 
 
 def _peak_gb(row: dict):
@@ -173,9 +171,10 @@ def main(argv=None) -> int:
         if ev["id"] in STUDIES:
             rows += study_rows(ev)
     sel = selection_rows()
+    costs = [dict(c._asdict(), far_above=c.far_above) for c in evidence.checks()]
     if args.json:
-        print(json.dumps({"rows": rows, "selection": sel, "measured_peaks": measured_peaks.rows()},
-                         indent=2))
+        print(json.dumps({"rows": rows, "selection": sel, "cost": costs,
+                          "measured_peaks": measured_peaks.rows()}, indent=2))
         return 0
 
     def f(x, fmt="{:+.3f}"):
@@ -199,6 +198,11 @@ def main(argv=None) -> int:
     for s in sel:
         print(f"  {s['study']}: budget {s['budget']}: recommended {s['recommended']}; "
               f"measured answer: {s['measured_answer']}")
+    print()
+    print("replay cost: measured step-time change vs the cost model, per pair of rows differing by one "
+          "label (and each set against []); FAR = measured > 3x the model and > +1 point")
+    for c in evidence.checks():
+        print(f"  {'FAR ' if c.far_above else '    '}{c.sentence()}")
     print()
     return measured_peaks.main([])
 

@@ -3,8 +3,10 @@
 Runs `scripts/plan.py --model deepseek-v3 --json` as a subprocess
 (61 layers, MLA + MoE, PP 16 as 4 + 14 x 4 + 1, EP 64, TP 2) several times and prints
 wall time, the child's peak RSS (resource.getrusage(RUSAGE_CHILDREN)), how many
-candidates were searched, and whether torch was imported. A figure, not a
-pass/fail test; the target is well under 1 s.
+candidates were searched, and whether torch was imported; side by side, the wall time of a
+bare `python -c "import megatron.core.transformer.transformer_config"` in the same
+interpreter, run as many times. A figure, not a pass/fail test; the targets are under 1 s and
+under 0.2x that bare import.
 
     .venv/bin/python benchmarks/speed.py [--repeat 5]
 """
@@ -63,6 +65,21 @@ def run_once(extra: list[str]) -> dict:
             "stderr_tail": proc.stderr.strip().splitlines()[-3:] if proc.returncode not in (0, 1) else []}
 
 
+BARE_IMPORT = "import megatron.core.transformer.transformer_config"
+
+
+def bare_import_s() -> float | None:
+    """Wall time of the interpreter importing megatron-core's TransformerConfig alone (None if
+    megatron-core is not installed in this interpreter)."""
+    env = dict(os.environ)
+    env.pop("PYTHONPATH", None)
+    t0 = time.perf_counter()
+    proc = subprocess.run([sys.executable, "-c", BARE_IMPORT], capture_output=True, text=True,
+                          env=env, stdin=subprocess.DEVNULL)
+    wall = time.perf_counter() - t0
+    return wall if proc.returncode == 0 else None
+
+
 def import_breakdown(top: int = 6) -> list[tuple[str, float]]:
     """Cumulative import time (ms) of the heaviest top-level modules, from `python -X importtime`."""
     env = dict(os.environ)
@@ -93,7 +110,9 @@ def main(argv=None) -> int:
         print("plan failed:", *first["stderr_tail"], sep="\n  ")
         return 1
     walls = [r["wall_s"] for r in runs]
-    print("plan on DeepSeek-V3 (61 layers, TP2 PP16 VPP2 EP64), full candidate search")
+    bare = [b for b in (bare_import_s() for _ in range(max(1, args.repeat))) if b is not None]
+    print("plan on DeepSeek-V3 (the catalog's recipe layout: 61 layers, TP2 PP16 EP64), full "
+          "candidate search")
     print(f"  runs: {len(runs)}, exit code {first['rc']}")
     print(f"  wall time: median {statistics.median(walls):.3f} s, min {min(walls):.3f} s, "
           f"max {max(walls):.3f} s (process start to exit, incl. interpreter start-up)")
@@ -101,6 +120,12 @@ def main(argv=None) -> int:
     print(f"  candidates searched: {first['candidates']}, on the frontier: {first['frontier']}, "
           f"recommended: {first['recommendation']}")
     print(f"  imported: {first['imported']}")
+    if bare:
+        ratio = statistics.median(walls) / statistics.median(bare)
+        print(f"  side by side, `python -c \"{BARE_IMPORT}\"`: median {statistics.median(bare):.3f} s "
+              f"(min {min(bare):.3f} s); plan / bare import = {ratio:.2f} (target < 0.2)")
+    else:
+        print("  bare import: megatron-core is not installed in this interpreter")
     print("  heaviest imports (cumulative ms, one run): "
           + ", ".join(f"{name} {ms:.0f}" for name, ms in import_breakdown()))
     return 0

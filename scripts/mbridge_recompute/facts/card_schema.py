@@ -200,6 +200,8 @@ def validate(card: Any) -> list[str]:
                 else:
                     c.field(e["conditions"], key, "str", f"{p}.conditions")
         c.field(e, "limits", "strlist", p)
+        # the example workload that states the study's conditions (a path in the skill)
+        c.field(e, "workload", "str", p, required=False)
         if c.field(e, "rows", "list", p):
             if not e["rows"]:
                 c.bad(f"{p}.rows", "empty")

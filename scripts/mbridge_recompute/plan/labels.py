@@ -15,6 +15,7 @@ from mbridge_recompute.memory.recompute import modules_of
 from mbridge_recompute.memory.shape import shape_of
 from mbridge_recompute.memory.tensors import layer_bytes
 from mbridge_recompute.memory.types import DEFAULT_KNOBS
+from mbridge_recompute.plan.evidence import far_above
 from mbridge_recompute.plan.pricing import Pricer
 from mbridge_recompute.plan.report import Candidate, LabelEffect
 from mbridge_recompute.rules.findings import errors
@@ -84,11 +85,14 @@ def evaluate_labels(pricer: Pricer, control: Candidate) -> tuple[list, dict]:
         if partial is not None:
             drops += f"; partly switched off ({partial['id']}): {partial['message']}"
             mods = modules_of(setting.apply(w), single.disabled)
+        measured = tuple(c.sentence() for c in far_above(label))
+        if measured:
+            drops += "; its measured cost was far above the model: " + "; ".join(measured)
         effects.append(LabelEffect(
             label, True, drops, control.model_peak_bytes - single.model_peak_bytes,
             tuple(c - s for c, s in zip(control.rank_peaks, single.rank_peaks)),
             round(single.cost_pct, 4),
-            {k: layer_bytes(sh, k, NONE) - layer_bytes(sh, k, mods) for k in kinds}))
+            {k: layer_bytes(sh, k, NONE) - layer_bytes(sh, k, mods) for k in kinds}, measured))
     return effects, singles
 
 

@@ -88,11 +88,13 @@ class LabelEffect:
     rank_saving_bytes: tuple          # per PP rank: the [] control's peak minus the label's
     cost_pct: float
     per_layer_saving_bytes: dict = field(default_factory=dict)   # layer kind -> bytes per micro-batch
+    cost_far_below_measured: tuple = ()   # plan/evidence.py sentences: studies where it cost far more
 
     def to_dict(self) -> dict:
         return {"label": self.label, "applicable": self.applicable, "reason": self.reason,
                 "saving_bytes": self.saving_bytes, "rank_saving_bytes": list(self.rank_saving_bytes),
-                "cost_pct": self.cost_pct, "per_layer_saving_bytes": dict(self.per_layer_saving_bytes)}
+                "cost_pct": self.cost_pct, "per_layer_saving_bytes": dict(self.per_layer_saving_bytes),
+                "cost_far_below_measured": list(self.cost_far_below_measured)}
 
 
 @dataclass

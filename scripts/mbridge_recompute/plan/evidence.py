@@ -1,0 +1,89 @@
+"""The replay cost model against the step times measured in the card's studies.
+
+For every pair of rows of one study whose recompute sets differ by one label (and every row
+against the study's [] control), the measured step-time change is set beside the change the
+cost model predicts on the study's own workload (the evidence entry's `workload`). A label
+whose measured cost is far above the model somewhere (more than 3x, and more than one
+percentage point) is flagged in every plan's label table: the plan's cost for it is likely an
+underestimate. Measured times are step_time_ms, or 1/TFLOP/s per GPU where only throughput is
+given.
+"""
+
+from __future__ import annotations
+
+from functools import lru_cache
+from pathlib import Path
+from typing import NamedTuple, Optional
+
+from mbridge_recompute import DATA_DIR
+
+SKILL_ROOT = Path(DATA_DIR).parents[2]
+FAR_RATIO = 3.0
+FAR_POINTS = 1.0
+
+
+class CostCheck(NamedTuple):
+    evidence: str
+    label: Optional[str]              # the label the pair differs by (None: a set against [])
+    base: tuple                       # the row's modules it is measured against
+    setting: tuple
+    measured_pct: float               # measured step-time change, % of the base row's
+    modelled_pct: float               # modelled replay cost change, percentage points
+    approximate: bool
+
+    @property
+    def far_above(self) -> bool:
+        return self.measured_pct > max(FAR_RATIO * self.modelled_pct, self.modelled_pct + FAR_POINTS)
+
+    def sentence(self) -> str:
+        what = (f"{self.label} on top of [{', '.join(self.base)}]" if self.label
+                else f"[{', '.join(self.setting)}] against []")
+        return (f"{what}: measured {self.measured_pct:+.2f} % step time vs {self.modelled_pct:+.2f} % "
+                f"modelled ({self.evidence}" + (", approximate" if self.approximate else "") + ")")
+
+
+def _time(row: dict) -> Optional[tuple]:
+    """(a quantity proportional to step time, approximate?) for a row, or None."""
+    approx = set(row.get("approximate") or [])
+    if isinstance(row.get("step_time_ms"), (int, float)):
+        return float(row["step_time_ms"]), "step_time_ms" in approx
+    if isinstance(row.get("tflops_per_gpu"), (int, float)) and row["tflops_per_gpu"] > 0:
+        return 1.0 / float(row["tflops_per_gpu"]), "tflops_per_gpu" in approx
+    return None
+
+
+@lru_cache(maxsize=1)
+def checks() -> tuple:
+    """Every measured-vs-modelled cost pair of the card's studies (empty where the study's
+    workload file is not installed)."""
+    from mbridge_recompute import memory
+    from mbridge_recompute.facts import card
+    from mbridge_recompute.inputs.loading import load_workload
+    from mbridge_recompute.setting import RecomputeSetting
+
+    out = []
+    for ev in card.load().get("evidence", []):
+        path = SKILL_ROOT / ev.get("workload", "")
+        if not ev.get("workload") or not path.is_file():
+            continue
+        w = load_workload(str(path))
+        rows = [(tuple(r["modules"]), _time(r)) for r in ev["rows"]]
+        rows = [(m, t) for m, t in rows if t is not None]
+
+        def cost(mods: tuple) -> float:
+            return memory.replay_cost_pct(RecomputeSetting.selective(*mods).apply(w))
+
+        for mods, (t, approx) in rows:
+            for base, (t0, approx0) in rows:
+                extra = set(mods) - set(base)
+                if set(base) <= set(mods) and (len(extra) == 1 or (not base and mods)):
+                    label = next(iter(extra)) if len(extra) == 1 else None
+                    out.append(CostCheck(ev["id"], label, base, mods, 100.0 * (t / t0 - 1),
+                                         cost(mods) - cost(base), approx or approx0))
+    return tuple(out)
+
+
+def far_above(label: str) -> list:
+    """The checks where `label`'s measured cost is far above the model."""
+    return [c for c in checks() if c.far_above and (c.label == label or (c.label is None
+                                                                          and c.setting == (label,)))]
