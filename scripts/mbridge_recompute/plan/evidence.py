@@ -70,7 +70,7 @@ def checks() -> tuple:
         rows = [(tuple(r["modules"]), _time(r)) for r in ev["rows"]]
         rows = [(m, t) for m, t in rows if t is not None]
 
-        def cost(mods: tuple) -> float:
+        def cost(mods: tuple, w=w) -> float:
             return memory.replay_cost_pct(RecomputeSetting.selective(*mods).apply(w))
 
         for mods, (t, approx) in rows:
