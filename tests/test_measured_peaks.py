@@ -39,6 +39,7 @@ def test_measured_peak_within_10_percent_or_the_term_is_named(case):
 def test_unmodelled_features_are_the_named_terms():
     """A case off by more than 10 % because of a feature names that feature, and only cases
     using offloading or CUDA graphs do."""
+    assert any("offloading" in (r["term"] or "") or r["within"] for r in ROWS.values())
     for r in ROWS.values():
         term = r["term"] or ""
         if "offloading" in term:
@@ -62,3 +63,10 @@ def test_moe_with_mtp_and_unfused_attention_within_5_percent():
 def test_upstream_formula_reported_for_every_case():
     for r in ROWS.values():
         assert r["upstream_formula"] > 0
+
+
+def test_offloading_brings_the_offload_cases_within_reach():
+    """The two fine-grained offloading cases: steady state within 11 % once the offloaded
+    tensors leave the GPU (without the offload model the prediction is nearly twice the peak)."""
+    for case in ("moe_mla_mtp1_layout_offload_tp2pp2ep4_h100", "moe_mla_nomtp_layout_offload_tp2pp2ep4_h100"):
+        assert abs(ROWS[case]["error_steady"]) < 0.11, ROWS[case]

@@ -56,19 +56,17 @@ def test_default_workload_names_nothing_as_not_modelled():
     assert coverage.unmodelled(Workload()) == []
 
 
-def test_offloading_is_named_in_plan_assumptions_and_as_a_warning():
-    w = Workload(num_layers=4, fine_grained_activation_offloading=True, offload_modules=["core_attn"],
-                 bf16=True)
+def test_legacy_cpu_offloading_is_named_in_plan_assumptions_and_as_a_warning():
+    w = Workload(num_layers=4, cpu_offloading=True, cpu_offloading_num_layers=2, bf16=True)
     report = plan(w).to_dict()
     named = {f["field"] for f in report["warnings"]}
-    assert {"fine_grained_activation_offloading", "offload_modules"} <= named
+    assert {"cpu_offloading", "cpu_offloading_num_layers"} <= named
     assert all(f["severity"] == "warning" for f in report["warnings"])
-    assert any(a.startswith("not modelled: fine_grained_activation_offloading=true")
-               for a in report["assumptions"])
+    assert any(a.startswith("not modelled: cpu_offloading=true") for a in report["assumptions"])
 
 
 def test_a_setting_that_only_matters_with_another_is_not_named_alone():
-    w = Workload(offload_modules=["core_attn"])          # offloading itself is off
+    w = Workload(cpu_offloading_num_layers=2)          # offloading itself is off
     assert [u.key for u in coverage.unmodelled(w)] == []
 
 

@@ -4,6 +4,9 @@ Public API:
     estimate(w, knobs=DEFAULT_KNOBS) -> MemoryEstimate        per-PP-rank peak for w's own recompute setting
     what_it_drops(w, label) -> (modelled, description)        what a label discards on this workload
     replay_cost_pct(w, knobs=DEFAULT_KNOBS) -> float           replayed forward work as % of the step
+    step_cost_pct(w, reference) -> float                      the modelled step (replay, bubble,
+                                                             exposed offload / CP transfers) vs a
+                                                             reference layout, in %
     first_iteration_peak_bytes(w, rank) -> int                a rank's peak in iteration 1, before the
                                                              first optimizer step creates Adam state
 
@@ -16,7 +19,9 @@ How it is built (one module per job):
     static.py     parameters per rank; weights, gradients, optimizer, fp8 copies, residual
     peak.py       per-rank peak = static + worst in-flight saved activations + largest transient
     effects.py    what each label discards here (applicability is the checker's: plan/labels.py)
-    cost.py       replayed FLOPs (+ communication, memory-bound kernels) as % of the step
+    cost.py       replayed FLOPs (+ communication, memory-bound kernels) as % of the step; the
+                  step of a layout (bubble, exposed offload and CP transfers)
+    offload.py    which saved tensors fine-grained activation offloading moves to the host
     paper.py      Korthikanti et al. 2022 as a workload (reproduces Table 2 to the byte)
     measure.py    GPU harness: bytes real megatron-core layers keep, next to the prediction
     worked.py     worked per-layer numbers for the reference shapes
@@ -25,10 +30,11 @@ Every modelled quantity a Workload does not hold is a `Knobs` field with a state
 and every assumption is returned as a sentence in `MemoryEstimate.assumptions`.
 """
 
-from mbridge_recompute.memory.cost import replay_cost_pct
+from mbridge_recompute.memory.cost import replay_cost_pct, step_cost, step_cost_pct
 from mbridge_recompute.memory.effects import what_it_drops
 from mbridge_recompute.memory.peak import estimate, first_iteration_peak_bytes
 from mbridge_recompute.memory.types import DEFAULT_KNOBS, PAPER_KNOBS, Knobs, MemoryEstimate, RankMemory
 
 __all__ = ["estimate", "first_iteration_peak_bytes", "what_it_drops", "replay_cost_pct",
+           "step_cost", "step_cost_pct",
            "MemoryEstimate", "RankMemory", "Knobs", "DEFAULT_KNOBS", "PAPER_KNOBS"]

@@ -1,4 +1,6 @@
-"""Replayed forward work (FLOPs plus communication) as a share of the step.
+"""Replayed forward work (FLOPs plus communication) as a share of the step, and the modelled
+step of a layout (pipeline bubble, exposed offload and context-parallel transfers) so that
+recompute and layout changes are priced on one axis.
 
 Per rank and per micro-batch: a GEMM costs 2 FLOPs per weight per token; attention
 scores cost 2*s*(d_qk + d_v) FLOPs per head per token times the causal factor; the
@@ -12,6 +14,7 @@ kernels (norms, activations) are converted to FLOP-equivalents with the two
 from __future__ import annotations
 
 from functools import lru_cache
+from typing import NamedTuple
 
 from mbridge_recompute.memory.recompute import block_mods
 from mbridge_recompute.memory.shape import Shape
@@ -167,3 +170,73 @@ def replay_cost_pct(w, knobs: Knobs = DEFAULT_KNOBS, disabled=()) -> float:
     """Replayed forward FLOPs (+ communication) of w's own setting as % of the step's FLOPs."""
     replay, step = replay_and_step_flops(w, knobs, disabled)
     return 100.0 * replay / step if step else 0.0
+
+
+# --- the modelled step of a layout -----------------------------------------------------
+
+class StepCost(NamedTuple):
+    """One optimizer step on one GPU, in FLOP-equivalents: m micro-batches of forward +
+    backward (3x forward) + replay + exposed transfers, stretched by the pipeline bubble."""
+    microbatches: int
+    forward: float                 # forward FLOPs of one micro-batch on this GPU (all layers)
+    replay: float                  # replayed FLOP-equivalents per micro-batch
+    offload: float                 # exposed offload transfer per micro-batch
+    cp: float                      # exposed context-parallel KV exchange per micro-batch
+    bubble: float                  # pipeline bubble fraction (p - 1) / (v * m); 0 without PP
+
+    @property
+    def total(self) -> float:
+        return self.microbatches * (3 * self.forward + self.replay + self.offload + self.cp) \
+            * (1 + self.bubble)
+
+
+def bubble_fraction(p: int, v: int, m: int) -> float:
+    """Idle share of the pipeline schedule against its busy time: (p - 1) / (v * m) for the
+    interleaved schedule with v model chunks per rank, (p - 1) / m for 1F1B (Narayanan et al.
+    2021, section 2.2); none without pipeline parallelism."""
+    if p <= 1:
+        return 0.0
+    return (p - 1) / (max(v, 1) * max(m, 1))
+
+
+def _cp_exposed(sh: Shape, knobs: Knobs) -> float:
+    """Ring attention (cp_comm_type p2p): each rank passes its K and V chunk on c - 1 times in
+    forward and K, V and their gradients in backward, overlapped with the attention of the
+    chunk in hand; what the attention cannot cover is exposed (per attention layer)."""
+    if sh.c <= 1:
+        return 0.0
+    kv = 2 * sh.elt * sh.g_ * (sh.dqk + sh.dr if sh.mla else sh.d) * sh.T
+    comm = (sh.c - 1) * kv * knobs.comm_flops_per_byte
+    attn = _attn_core_flops(sh, knobs)
+    return max(0.0, comm - attn) + max(0.0, 2 * comm - 2 * attn)
+
+
+def step_cost(w, knobs: Knobs = DEFAULT_KNOBS, disabled=()) -> StepCost:
+    """The modelled step of `w` under its own recompute setting and layout."""
+    from mbridge_recompute.memory.offload import offloaded_bytes
+    from mbridge_recompute.memory.recompute import layout_of, modules_of
+    from mbridge_recompute.memory.shape import shape_of
+
+    sh = shape_of(w, knobs)
+    replay, step = replay_and_step_flops(w, knobs, disabled)
+    layout = layout_of(w)
+    p, v = len(layout), len(layout[0])
+    kinds = w.layer_kinds()
+    mods = modules_of(w, disabled)
+    offload = 0.0
+    if sh.offload:
+        rate = knobs.pcie_flops_per_byte
+        for k in kinds:
+            moved = offloaded_bytes(sh, k, mods, sh.offload) * rate
+            fwd = layer_forward_flops(sh, k, knobs)
+            offload += max(0.0, moved - fwd) + max(0.0, moved - 2 * fwd)
+    cp = sum(_cp_exposed(sh, knobs) for k in kinds if "attn" in k.split("+"))
+    # per GPU: a pipeline rank runs 1/p of the layers
+    return StepCost(w.num_microbatches, step / 3 / p, replay / p, offload / p, cp / p,
+                    bubble_fraction(p, v, w.num_microbatches))
+
+
+def step_cost_pct(w, reference, knobs: Knobs = DEFAULT_KNOBS, disabled=()) -> float:
+    """The modelled step of `w` against `reference`'s (a layout without recompute), in %."""
+    ref = step_cost(reference, knobs)
+    return 100.0 * (step_cost(w, knobs, disabled).total - ref.total) / ref.total if ref.total else 0.0

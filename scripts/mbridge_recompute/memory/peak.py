@@ -20,6 +20,7 @@ from __future__ import annotations
 from functools import lru_cache
 from typing import NamedTuple
 
+from mbridge_recompute.memory.offload import offloaded_bytes
 from mbridge_recompute.memory.recompute import chunk_groups, granularity_of, layout_of, modules_of
 from mbridge_recompute.memory.schedule import inflight_vectors
 from mbridge_recompute.memory.shape import Shape, shape_of
@@ -48,6 +49,7 @@ NONE = frozenset()
 TERM_LOGITS = "logits+cross-entropy (fp32) on the last stage"
 TERM_GRADS = "gradient buffers of one layer during backward"
 TERM_FORWARD = "forward working set of one layer (SP all-gather, QKV and dispatch buffers)"
+TERM_OFFLOAD = "offloaded activations reloaded for two layers plus gradient buffers during backward"
 
 
 def _replay_term(layers: int, full: bool) -> str:
@@ -72,6 +74,9 @@ class ChunkMemory(NamedTuple):
     bwd_ws: float
     replay_ws: float             # 0 when nothing is replayed
     replay_layers: int
+    offload_kept: float = 0.0    # offloaded bytes of the chunk's last layer (kept on the GPU when
+    #                              its backward follows at once)
+    offload_reload: float = 0.0  # two layers' offloaded bytes back on the GPU during backward
 
 
 def moe_dispatch_ws(sh: Shape) -> float:
@@ -163,6 +168,7 @@ def chunk_memory(sh: Shape, kinds: tuple, mode: RecomputeMode, first: bool, last
     fwd = bwd = 0.0
     full = mode.granularity == "full"
 
+    offload_last, offload_top = 0.0, []
     groups = chunk_groups(mode.granularity, mode.method, mode.num_layers, len(kinds))
     if full and any(rec for _, _, rec in groups):
         ck = rotary_freqs_bytes(sh)
@@ -184,6 +190,12 @@ def chunk_memory(sh: Shape, kinds: tuple, mode: RecomputeMode, first: bool, last
                 d = _dropped(sh, k, mode.mods)
                 if d > replay:
                     replay, replay_layers = d, 1
+                if sh.offload:
+                    moved = offloaded_bytes(sh, k, mode.mods, sh.offload)
+                    saved -= moved
+                    _add(comp, {"offloaded to host": -moved})
+                    offload_last = moved
+                    offload_top = sorted((offload_top + [moved]), reverse=True)[:2]
         for k in group:
             fwd = max(fwd, _forward_ws(sh, k))
             bwd = max(bwd, _bwd_ws(sh, k))
@@ -220,7 +232,7 @@ def chunk_memory(sh: Shape, kinds: tuple, mode: RecomputeMode, first: bool, last
         b = sh.elt * sh.h * sh.Tr * (1 + len(mtp))
         saved += b
         _add(comp, {"pipeline": b})
-    return ChunkMemory(saved, comp, fwd, bwd, replay, replay_layers)
+    return ChunkMemory(saved, comp, fwd, bwd, replay, replay_layers, offload_last, sum(offload_top))
 
 
 def _mode(w, disabled=()) -> RecomputeMode:
@@ -327,6 +339,13 @@ def assumptions(w, sh: Shape, knobs: Knobs) -> list:
                    "with enorm, hnorm, eh_proj (2h -> h) and its final norm, on the chunk that holds "
                    "MTP (the last one without a layout), plus a copy of the word embedding there "
                    "unless that is the first chunk; its loss on the last stage.")
+    if sh.offload:
+        out.append(f"Fine-grained activation offloading of {', '.join(sorted(sh.offload))}: the "
+                   "saved tensors of those modules of at least 1M elements leave the GPU after their "
+                   "layer's forward; the last stage keeps its last layer's, and two layers' come "
+                   "back during the backward (the reload runs one layer ahead); pinned host memory "
+                   "and the copy streams' own buffers are not counted. Exposed PCIe time: what a "
+                   f"layer's compute does not cover at {knobs.pcie_flops_per_byte:g} FLOPs per byte.")
     if sh.E and sh.dispatcher == "flex":
         out.append("flex dispatcher: DeepEP / HybridEP allocate their communication buffers "
                    "outside PyTorch's allocator (not in the peak; they lower what PyTorch can use); "
@@ -376,9 +395,17 @@ def estimate(w, knobs: Knobs = DEFAULT_KNOBS, disabled=()) -> MemoryEstimate:
         comp: dict = {}
         for c, ch in zip(best, chunks):
             _add(comp, ch.components, c)
+        if r == p - 1 and chunks[-1].offload_kept:
+            # the last stage runs each micro-batch's backward right after its forward: the last
+            # layer's group is not offloaded (should_bulk_offload)
+            activation += chunks[-1].offload_kept
+            _add(comp, {"offloaded to host": chunks[-1].offload_kept})
         # transients
         trans = {TERM_FORWARD: max(ch.fwd_ws for ch in chunks),
                  TERM_GRADS: max(ch.bwd_ws for ch in chunks)}
+        if any(ch.offload_reload for ch in chunks):
+            # the reload runs one layer ahead of the backward (bulk_reload): two layers back
+            trans[TERM_OFFLOAD] = max(ch.offload_reload for ch in chunks) + max(ch.bwd_ws for ch in chunks)
         rep = max(chunks, key=lambda ch: ch.replay_ws + ch.bwd_ws if ch.replay_ws else 0.0)
         if rep.replay_ws:
             trans[_replay_term(rep.replay_layers, mode.granularity == "full")] = \

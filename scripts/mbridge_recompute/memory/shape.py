@@ -115,6 +115,7 @@ class Shape:
     rope_fusion: bool           # apply_rope_fusion (MCore default False)
     mamba_mem_eff: bool         # use_mamba_mem_eff_path (MCore default True)
     dispatcher: str             # moe_token_dispatcher_type
+    offload: frozenset          # offload_modules in force (fine-grained activation offloading)
     router_fp32: bool           # moe_router_dtype fp32/fp64: probs, and combine temporaries, in fp32
 
     # --- derived per-rank quantities -------------------------------------------
@@ -242,5 +243,7 @@ def shape_of(w, knobs) -> Shape:
         mamba_mem_eff=bool(_extra(w, "use_mamba_mem_eff_path", True)),
         rope_fusion=bool(_extra(w, "apply_rope_fusion", False)),
         dispatcher=w.moe_token_dispatcher_type,
+        offload=frozenset(w.offload_modules or ()) if w.fine_grained_activation_offloading
+        else frozenset(),
         router_fp32=w.moe_router_dtype in ("fp32", "fp64"),
     )

@@ -27,6 +27,9 @@ class Knobs:
     comm_flops_per_byte: float = 2000.0
     # one byte moved by a memory-bound (elementwise) replayed kernel costs this many FLOPs
     memory_bound_flops_per_byte: float = 150.0
+    # one byte over PCIe (activation offloading, each direction) costs this many FLOPs: about
+    # 400 TFLOP/s achieved over 40 GB/s achieved (an estimate, not a measurement)
+    pcie_flops_per_byte: float = 1.0e4
     # optimizer bytes per parameter before distributed-optimizer sharding; None = Adam with
     # an fp32 master copy and two fp32 moments (12 with 16-bit weights, 8 with fp32 weights).
     # A precision-aware optimizer with bf16 moments is 8.

@@ -17,6 +17,8 @@ class Pricer:
 
         self.w = w
         self.version = version
+        # costs are changes of the modelled step against the current layout without recompute
+        self.reference = RecomputeSetting.off().apply(w)
         self._check = lambda with_setting: check_workload(with_setting, validator="builtin", version=version)
         self.baseline = self._check(RecomputeSetting.selective().apply(w))
         self.baseline_errors = frozenset(f["id"] for f in errors(self.baseline["findings"]))
@@ -36,7 +38,7 @@ class Pricer:
             findings = self.findings(setting)
         off = disabled_by(findings)
         est = memory.estimate(with_setting, disabled=off)
-        cost = float(memory.replay_cost_pct(with_setting, disabled=off)) if setting.granularity else 0.0
+        cost = float(memory.step_cost_pct(with_setting, self.reference, disabled=off))
         return Candidate(setting=setting, rank_peaks=tuple(int(r.peak_bytes) for r in est.ranks),
                          rank_terms=tuple(r.peak_term for r in est.ranks), cost_pct=cost,
                          rejected_by=tuple(sorted({f["id"] for f in errors(findings)})),
