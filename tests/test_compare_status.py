@@ -152,8 +152,9 @@ def test_unknown_control_name_is_bad_input():
 
 def test_unreadable_log_is_exit_2(tmp_path):
     proc = run_script("compare", tmp_path / "missing.log", "--json")
-    assert proc.returncode == 2 and proc.stdout == ""
-    assert "no such file" in proc.stderr
+    assert proc.returncode == 2 and "no such file" in proc.stderr
+    assert json.loads(proc.stdout) == {"error": {"field": str(tmp_path / "missing.log"),
+                                                 "message": "no such file", "exit": 2}}
 
 
 def test_same_run_name_twice_is_bad_input():

@@ -140,7 +140,9 @@ def test_no_input_or_missing_file_is_exit_2(tmp_path):
     proc = run_script("diagnose")
     assert proc.returncode == 2 and proc.stderr.startswith("error: LOG:")
     proc = run_script("diagnose", tmp_path / "nope.log", "--json")
-    assert proc.returncode == 2 and proc.stdout == "" and "no such file" in proc.stderr
+    assert proc.returncode == 2 and "no such file" in proc.stderr
+    # --json: the one error object on stdout too
+    assert json.loads(proc.stdout)["error"]["exit"] == 2
 
 
 def test_guide_examples_are_diagnosed_as_their_names_say():

@@ -31,7 +31,7 @@ import math
 from functools import reduce
 from typing import Optional
 
-from mbridge_recompute.errors import InputError
+from mbridge_recompute.errors import InputError, Rejected
 from mbridge_recompute.logs.runlog import RunLog
 
 STATUSES = ("pass", "oom", "nan", "incomplete")
@@ -98,7 +98,9 @@ def summarize(run: RunLog, steady_from: Optional[int] = None, fraction: float = 
         status = "oom"
         first_oom = min(run.ooms, key=lambda o: o.line)
         stage = first_oom.stage
-        notes.append(f"OOM in {first_oom.stage} of iteration {first_oom.iteration} (line {first_oom.line})")
+        when = (f"of iteration {first_oom.iteration}" if first_oom.iteration is not None
+                else "before any logged iteration")
+        notes.append(f"OOM in {first_oom.stage} {when} (line {first_oom.line})")
     elif non_finite or run.nan_iterations:
         status = "nan"
         if non_finite:
@@ -294,7 +296,7 @@ def compare(runs: list, control_name: Optional[str] = None, steady_from: Optiona
     names = [r.name for r in runs]
     dupes = sorted({n for n in names if names.count(n) > 1})
     if dupes:
-        raise InputError("LOG", f"two logs share the run name {dupes[0]!r}; put each run in its own "
+        raise Rejected("LOG", f"two logs share the run name {dupes[0]!r}; put each run in its own "
                                 "directory or rename the logs")
     control = choose_control(runs, control_name)
     rows = []

@@ -51,16 +51,17 @@ EXPLAINING_KINDS = ("fragmentation", "activations", "static")
 ACTION = {
     "fragmentation": ("set PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True in the job environment and rerun "
                       "the same setting before adding any recompute; compare peaks with compare_runs.py"),
-    "static": ("recompute will not help: this memory is weights, gradients and optimizer state. Shard or shrink "
-               "it: use_distributed_optimizer=true, more data parallelism (shards optimizer state) or more "
-               "PP/EP, a precision-aware optimizer (use_precision_aware_optimizer with bf16 exp_avg/exp_avg_sq), "
-               "or optimizer_cpu_offload"),
+    "static": ("recompute will not help: this memory is weights, gradients and optimizer state. Shard or "
+               "shrink it: use_distributed_optimizer=true, more data parallelism (shards optimizer state) "
+               "or more PP/EP, a precision-aware optimizer (use_precision_aware_optimizer with bf16 "
+               "exp_avg/exp_avg_sq), or optimizer_cpu_offload"),
     "activations": ("activations fill the GPU: run plan.py on this workload (--json) for the narrowest "
                     "recompute boundary that fits, then measure it against the `[]` control with "
                     "run_harness.py and compare_runs.py"),
-    "unknown_oom": ("the stage is unknown (no traceback in the log): rerun with the full per-rank traceback; "
-                    "an OOM before the first forward or in the first optimizer step is static memory, "
-                    "which recompute cannot fix"),
+    "unknown_oom": ("the stage is unknown (no traceback in the log): run plan.py on this workload for its "
+                    "static/activation split (static memory that does not fit cannot be fixed by "
+                    "recompute), and rerun with the full per-rank traceback; an OOM before the first "
+                    "forward or in the first optimizer step is static memory"),
 }
 
 
@@ -75,19 +76,36 @@ def _report_for(run: RunLog, oom: OOMEvent):
     return max(reports, key=lambda m: (m.after, m.max_allocated_gb or 0.0))
 
 
+def _where(oom: OOMEvent) -> str:
+    """Where the OOM happened, saying only what the log shows (no invented iteration or rank)."""
+    text = f"OOM at line {oom.line}"
+    if oom.rank is not None:
+        text += f" on rank {oom.rank}"
+    if oom.gpu is not None:
+        text += f" (GPU {oom.gpu})"
+    when = f"iteration {oom.iteration}" if oom.iteration is not None else "before any logged iteration"
+    if oom.stage != "unknown":
+        return f"{text}, {oom.stage}, {when}"
+    return f"{text}, {when} (stage unknown)"
+
+
+def _numbers(oom: OOMEvent) -> str:
+    """The sizes the message gave, and only those."""
+    parts = [(f"requested {_gib(oom.requested)}", oom.requested),
+             (f"capacity {_gib(oom.capacity)}"
+              + (f" (this process is capped at {_gib(oom.allowed)})" if oom.allowed is not None else ""),
+              oom.capacity),
+             (f"free {_gib(oom.free)}", oom.free),
+             (f"allocated by PyTorch {_gib(oom.allocated)}", oom.allocated),
+             (f"reserved but unallocated {_gib(oom.reserved_unallocated)}", oom.reserved_unallocated)]
+    known = [text for text, value in parts if value is not None]
+    return ", ".join(known) if known else "the message gives no sizes"
+
+
 def classify_oom(run: RunLog, oom: OOMEvent) -> list:
     """The kinds (in report order) and their evidence for one OOM event."""
     out = []
-    where = f"OOM at line {oom.line}" + (f" on rank {oom.rank}" if oom.rank is not None else "") \
-        + (f" (GPU {oom.gpu})" if oom.gpu is not None else "") \
-        + (f", {oom.stage} of iteration {oom.iteration}" if oom.stage != "unknown"
-           else f", iteration {oom.iteration} (stage unknown)")
     cap = oom.limit
-    numbers = (f"requested {_gib(oom.requested)}, capacity {_gib(oom.capacity)}"
-               + (f" (this process is capped at {_gib(oom.allowed)})" if oom.allowed is not None else "")
-               + f", free {_gib(oom.free)}, "
-               f"allocated by PyTorch {_gib(oom.allocated)}, reserved but unallocated "
-               f"{_gib(oom.reserved_unallocated)}")
     extra = []
     # memory outside the caching allocator is not under a per-process cap: compare with the device
     if oom.capacity and oom.process_in_use is not None and oom.allocated is not None \
@@ -98,7 +116,7 @@ def classify_oom(run: RunLog, oom: OOMEvent) -> list:
                          "CUDA context)")
     if oom.capacity and oom.other_processes >= NON_PYTORCH_SHARE * oom.capacity:
         extra.append(f"other processes hold {_gib(oom.other_processes)} on this GPU")
-    base = f"{where}: {numbers}" + ("; " + "; ".join(extra) if extra else "")
+    base = f"{_where(oom)}: {_numbers(oom)}" + ("; " + "; ".join(extra) if extra else "")
 
     frag = []
     if oom.requested is not None and oom.reserved_unallocated is not None \
@@ -110,25 +128,31 @@ def classify_oom(run: RunLog, oom: OOMEvent) -> list:
         gap_bytes = (rep.max_reserved_gb - rep.max_allocated_gb) * GB
         if rep.max_reserved_gb >= RESERVED_OVER_ALLOCATED * rep.max_allocated_gb and \
                 (oom.requested is None or gap_bytes >= oom.requested):
-            frag.append(f"rank {rep.rank} after {rep.after} iterations: max reserved {rep.max_reserved_gb:.3f} GB "
-                        f"vs max allocated {rep.max_allocated_gb:.3f} GB")
+            frag.append(f"rank {rep.rank} after {rep.after} iterations: max reserved "
+                        f"{rep.max_reserved_gb:.3f} GB vs max allocated {rep.max_allocated_gb:.3f} GB")
     if frag:
         out.append(("fragmentation", base + "; " + "; ".join(frag)))
+    elif oom.requested is not None and oom.reserved_unallocated is not None:
+        # the cached-but-free blocks could not have held the request even if contiguous
+        base += (f"; not fragmentation: only {_gib(oom.reserved_unallocated)} is reserved but unallocated, "
+                 f"less than the {_gib(oom.requested)} request")
 
     near = (oom.allocated is not None and cap and oom.allocated >= NEAR_CAPACITY * cap)
     share = "" if not (oom.allocated and cap) else \
-        f"; PyTorch holds {100 * oom.allocated / cap:.0f}% of {'its cap' if oom.allowed else 'capacity'} in live tensors"
+        (f"; PyTorch holds {100 * oom.allocated / cap:.0f}% of "
+         f"{'its cap' if oom.allowed else 'capacity'} in live tensors")
     if oom.requested is not None and cap and oom.requested > cap:
         share += f"; the single {_gib(oom.requested)} request exceeds all the memory this process may use"
+    after_first = oom.iteration is not None and oom.iteration >= 2
     if oom.stage in STATIC_STAGES:
         out.append(("static", base + f"; failed in {oom.stage}, before activations matter" + share))
-    elif oom.stage in ACTIVATION_STAGES or oom.iteration >= 2:
+    elif oom.stage in ACTIVATION_STAGES or after_first:
         if not frag or near:
             why = f"failed in the {oom.stage}" if oom.stage != "unknown" else \
                 f"failed after iteration {oom.iteration - 1} completed (static memory was in place)"
             out.append(("activations", base + "; " + why + share))
     elif not frag:
-        out.append(("unknown", base + "; no traceback to tell the stage"))
+        out.append(("unknown", base + "; no traceback to tell the stage" + share))
     return out
 
 
