@@ -47,8 +47,12 @@ def run(args) -> int:
         raise InputError("LOG", "give a log file, '-' for stdin, or --message TEXT")
     texts, name = [], "message"
     if args.log == "-":
-        data = sys.stdin.buffer.read()
-        texts.append(data.decode("utf-8", errors="replace"))
+        from mbridge_recompute.files import read_stream
+
+        text, _, _ = runlog.decode_log(read_stream(sys.stdin.buffer, "stdin"))
+        if not text.strip():
+            raise InputError("stdin", "is empty")
+        texts.append(text)
         name = "stdin"
     elif args.log is not None:
         text, _ = runlog.read_text(runlog.log_of(args.log))

@@ -196,8 +196,11 @@ def _error_findings(run: RunLog) -> list:
     sigs = signatures.all_signatures()
     found: dict = {}
     matched_lines: set = set()
+    match_line = signatures.line_matcher(sigs)
     for no, line in enumerate(run.lines, start=1):
-        sig = signatures.match_line(line, sigs)
+        if not line:
+            continue
+        sig = match_line(line)
         if sig is None:
             continue
         matched_lines.add(no)
@@ -214,8 +217,8 @@ def _error_findings(run: RunLog) -> list:
         if err.line in matched_lines:
             continue
         sig = signatures.match_exception(err.exc_type, err.message, err.frames, sigs)
-        text = f"{err.exc_type}: {err.message}".strip()
         if sig is not None:
+            text = f"{err.exc_type}: {err.message}".strip()
             if sig.id in found:
                 found[sig.id]["count"] += 1
             else:
@@ -226,6 +229,7 @@ def _error_findings(run: RunLog) -> list:
         if err.exc_type.rsplit(".", 1)[-1] in _WRAPPER_EXC or err.exc_type.endswith("Warning"):
             continue
         cfg = next((f for f in reversed(err.frames) if f.file.replace("\\", "/").endswith(_CONFIG_FILES)), None)
+        text = f"{err.exc_type}: {err.message}".strip()
         if cfg is not None:
             key = f"config:{text[:120]}"
             if key not in found:

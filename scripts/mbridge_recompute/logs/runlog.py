@@ -257,6 +257,10 @@ def split_prefix(raw: str) -> tuple:
     """(stream, rank, text): the launcher prefix, its rank number, the line without it."""
     if not raw or raw[0] not in "[ \t0123456789":
         return "", None, raw
+    if raw[0] in " \t":
+        head = raw.lstrip(" \t")
+        if not head or head[0] not in "[0123456789":
+            return "", None, raw
     m = _PREFIX.match(raw)
     if not m:
         return "", None, raw
@@ -388,6 +392,21 @@ def read_text(path: Path, field: str | None = None) -> tuple:
 
 def parse_text(text: str, name: str = "log", path: str = "") -> RunLog:
     """Parse a whole log's text. Never raises on content."""
+    # a long log becomes millions of small records that hold no reference cycles; the cyclic
+    # collector rescanning them again and again cost a third of the parse time of a 1.2M-
+    # traceback log, so it pauses while they are built
+    import gc
+
+    paused = gc.isenabled()
+    gc.disable()
+    try:
+        return _parse_text(text, name, path)
+    finally:
+        if paused:
+            gc.enable()
+
+
+def _parse_text(text: str, name: str, path: str) -> RunLog:
     text = normalize(text)
     run = RunLog(name=name, path=path)
     run.truncated = bool(text) and not text.endswith("\n")
@@ -402,21 +421,32 @@ def parse_text(text: str, name: str = "log", path: str = "") -> RunLog:
     for no, raw in enumerate(rows, start=1):
         stream, rank, line = split_prefix(raw)
         run.lines.append(line)
-        st = streams.setdefault(stream, _Stream())
+        st = streams.get(stream)
+        if st is None:
+            st = streams[stream] = _Stream()
         # tracebacks (per stream, so interleaved ranks do not mix frames)
-        if TB_START.match(line):
+        # traceback headers, frames and the source they show are blanked in `run.lines` too:
+        # no error message lives there (a `raise X("...")` source line is code), and diagnose
+        # then has a quarter of a traceback's lines to search
+        if line.startswith("Traceback") and TB_START.match(line):
             st.frames = []
+            run.lines[-1] = ""
             continue
         if st.frames is not None:
-            fm = TB_FRAME.match(line)
+            fm = TB_FRAME.match(line) if line.lstrip().startswith("File ") else None
             if fm:
                 st.frames.append(Frame(fm.group(1), int(fm.group(2)), fm.group(3)))
                 st.after_frame = True
+                run.lines[-1] = ""
                 continue
-            if (st.after_frame and line.startswith("    ")) or _CARETS.match(line):
+            if (st.after_frame and line.startswith("    ")) or (("^" in line or "~" in line)
+                                                               and _CARETS.match(line)):
+                run.lines[-1] = ""
                 continue         # source text shown in a traceback is code, not an event
             st.after_frame = False
-        oom = parse_oom(line, no)
+        # cheap substring tests first: most lines of a long log are none of these, and a
+        # dozen regex searches per line were most of the parse time on a large log
+        oom = parse_oom(line, no) if ("out of memory" in line or "OutOfMemoryError" in line) else None
         if oom is not None:
             oom.stream, oom.rank = stream, rank
             oom.frames = list(st.frames or [])
@@ -432,10 +462,14 @@ def parse_text(text: str, name: str = "log", path: str = "") -> RunLog:
                 seen_oom[key] = oom
             st.frames = None
             continue
-        em = EXC_LINE.match(line)
+        em = EXC_LINE.match(line) if ("Error" in line or "Exception" in line or "Warning" in line
+                                       or "Interrupt" in line) else None
         if em and (st.frames is not None or not em.group(1).endswith("Warning")):
             run.errors.append(ErrorEvent(em.group(1), (em.group(2) or "").strip(), no, stream, list(st.frames or [])))
             st.frames = None
+            continue
+        if not ("iteration" in line or "Step Time" in line or "Theoretical memory" in line
+                or "number of parameters" in line or "after training is done" in line):
             continue
         it = parse_iteration(line, no)
         if it is not None:

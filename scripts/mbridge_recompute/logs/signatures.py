@@ -211,17 +211,87 @@ def all_signatures() -> tuple:
     return cards + own
 
 
+@dataclass(frozen=True)
+class _Index:
+    """What `match_line` / `match_exception` need of one signature tuple, built once.
+
+    A log can hold millions of lines; testing each against a hundred signatures one by one in
+    Python was most of diagnose's time on a large log. Each line signature gets a *keyword*: a
+    whole word of its message that any matching line must contain as a word (bounded by
+    non-word characters inside the message's fixed text). One `findall` of a line's words and
+    one set test then reject almost every line; only the signatures whose keyword is there are
+    tested in full. A signature without such a word is tested by its anchor on every line.
+    """
+    pairs: tuple                 # (anchor, signature) of the line signatures, in order
+    keywords: dict               # word -> positions in `pairs`
+    words: frozenset             # keywords' keys, for the quick reject
+    unkeyed: tuple               # positions in `pairs` with no keyword
+    head_keywords: dict          # word -> positions of signatures with a quoted head (`prefix`)
+    head_words: frozenset
+    unkeyed_heads: tuple
+    exceptions: tuple            # the signatures matched against exceptions, in order
+
+
+_WORD = re.compile(r"\w+")
+_PART = re.compile(r"\{[^{}]*\}|…|\.\.\.$")
+
+
+def _keyword(parts: list, first_open: bool = True, last_open: bool = True) -> Optional[str]:
+    """The longest word of the fixed `parts` of a message that a match shows as a whole word.
+
+    A word at the edge of a part next to a `{placeholder}` may be glued to the placeholder's
+    text in a real line, so it does not count; the message's own start and end do count
+    (`first_open` / `last_open`), since a message is printed after `Error: ` or a log prefix.
+    """
+    best = None
+    for i, part in enumerate(parts):
+        for m in _WORD.finditer(part):
+            left_ok = m.start() > 0 or (i == 0 and first_open)
+            right_ok = m.end() < len(part) or (i == len(parts) - 1 and last_open)
+            if left_ok and right_ok and len(m.group(0)) >= 4 and (best is None or len(m.group(0)) > len(best)):
+                best = m.group(0)
+    return best
+
+
+def _message_keyword(s: Signature) -> Optional[str]:
+    if not s.message:
+        return None
+    return _keyword(_PART.split(s.message.strip()))
+
+
+def _build_index(sigs: tuple) -> _Index:
+    pairs = tuple((s.anchor, s) for s in sigs if not (s.exc_type or s.frames))
+    keywords: dict = {}
+    unkeyed = []
+    heads: dict = {}
+    unkeyed_heads = []
+    for i, (_, s) in enumerate(pairs):
+        word = _message_keyword(s)
+        if word is None:
+            unkeyed.append(i)
+        else:
+            keywords.setdefault(word, []).append(i)
+        if s.prefix:
+            hw = _keyword([s.prefix], first_open=True, last_open=False)
+            if hw is None:
+                unkeyed_heads.append(i)
+            else:
+                heads.setdefault(hw, []).append(i)
+    return _Index(pairs=pairs, keywords=keywords, words=frozenset(keywords), unkeyed=tuple(unkeyed),
+                  head_keywords=heads, head_words=frozenset(heads), unkeyed_heads=tuple(unkeyed_heads),
+                  exceptions=tuple(s for s in sigs if s.exc_type or s.frames))
+
+
 _INDEX: dict = {}
 
 
-def _line_pairs(sigs: tuple) -> list:
-    """[(anchor, signature)] of the line signatures, in order (cached per signature tuple)."""
+def _index(sigs: tuple) -> _Index:
     hit = _INDEX.get(id(sigs))
     if hit is not None and hit[0] is sigs:
         return hit[1]
-    pairs = [(s.anchor, s) for s in sigs if not (s.exc_type or s.frames)]
-    _INDEX[id(sigs)] = (sigs, pairs)
-    return pairs
+    idx = _build_index(sigs)
+    _INDEX[id(sigs)] = (sigs, idx)
+    return idx
 
 
 def _literal_length(s: Signature) -> int:
@@ -229,28 +299,54 @@ def _literal_length(s: Signature) -> int:
     return len(re.sub(r"\{[^{}]*\}", "", s.message or ""))
 
 
+def _candidates(words: list, table: dict, keys: frozenset, unkeyed: tuple) -> list:
+    if keys.isdisjoint(words):
+        return list(unkeyed)
+    found = set(unkeyed)
+    for w in words:
+        hit = table.get(w)
+        if hit:
+            found.update(hit)
+    return sorted(found)
+
+
 def match_line(line: str, sigs: tuple) -> Optional[Signature]:
     """The line signature whose message is in `line` (the most specific when several are:
     'X should be divisible by Y' also matches a longer message), or None."""
-    # the anchor test is a plain substring check: most lines fail it for every signature
-    hits = [s for a, s in _line_pairs(sigs) if a in line and s.regex.search(line)]
+    return _match_line(line, _index(sigs))
+
+
+def line_matcher(sigs: tuple):
+    """`match_line` bound to `sigs`, for a loop over many lines."""
+    idx = _index(sigs)
+    return lambda line: _match_line(line, idx)
+
+
+def _match_line(line: str, idx: _Index) -> Optional[Signature]:
+    words = _WORD.findall(line)
+    hits = []
+    for i in _candidates(words, idx.keywords, idx.words, idx.unkeyed):
+        anchor, s = idx.pairs[i]
+        if anchor in line and s.regex.search(line):
+            hits.append(s)
     if hits:
         return max(hits, key=_literal_length)    # max keeps the first of equals: `sigs` order
     # a quoted head without the message's tail: accept it only when one signature has that head
-    heads = [s for _, s in _line_pairs(sigs) if s.prefix and s.prefix in line]
+    heads = [idx.pairs[i][1] for i in _candidates(words, idx.head_keywords, idx.head_words, idx.unkeyed_heads)
+             if idx.pairs[i][1].prefix in line]
     return heads[0] if len(heads) == 1 else None
 
 
 def match_exception(exc_type: str, message: str, frames: list, sigs: tuple) -> Optional[Signature]:
-    funcs = {f.func for f in frames}
+    funcs = None
     short = exc_type.rsplit(".", 1)[-1]
-    for s in sigs:
-        if not (s.exc_type or s.frames):
-            continue
+    for s in _index(sigs).exceptions:
         if s.exc_type and s.exc_type != short:
             continue
-        if s.frames and not funcs & set(s.frames):
-            continue
+        if s.frames:
+            funcs = {f.func for f in frames} if funcs is None else funcs
+            if not funcs & set(s.frames):
+                continue
         if s.regex.search(message):
             return s
     return None
