@@ -165,7 +165,8 @@ def test_every_card_message_is_recognised_by_its_constraint_id(c):
     rep = diagnose.diagnose(runlog.parse_text(f"AssertionError: {_filled(c['message'])}\n"))
     f = next(f for f in rep["findings"] if f["kind"] in ("config", "runtime"))
     assert f["constraint_id"] == c["id"]
-    assert f["next_action"] == c["fix"] and f["source"] == card.citations(c["id"], c["releases"])
+    # the card's fix first (diagnose may add what the log shows, e.g. drop -rl)
+    assert f["next_action"].startswith(c["fix"]) and f["source"] == card.citations(c["id"], c["releases"])
 
 
 def test_runtime_table_does_not_repeat_a_card_message():
@@ -267,3 +268,61 @@ def test_a_head_shared_by_two_messages_decides_nothing():
     assert match_line(head + " {x}", (a,)) is a
     assert match_line(head + " {x}", (a, b)) is None
     assert match_line(head + " y second", (a, b)) is b
+
+
+# ---------------------------------------------------------------- the harness command line
+
+@pytest.mark.parametrize("message,sig_id", [
+    # a space-separated second label, where a parser takes its arguments in full
+    ("run_script.py: error: unrecognized arguments: moe_act", "argparse-unrecognized-arguments"),
+    ("run_script.py: error: argument --task: invalid choice: 'peft' (choose from 'pretrain', 'sft', 'lora')",
+     "argparse-invalid-choice"),
+    ("bootstrap.py: error: argument --recompute_modules: expected one argument", "argparse-expected-one-argument"),
+    # what Bridge's harness really does with a second label: Hydra gets it (parse_known_args)
+    ("omegaconf.errors.OverridesError: Failed to parse Hydra overrides: Error parsing override 'layernorm'",
+     "hydra-override-parse-error"),
+])
+def test_the_harness_command_line_errors_are_recognised(message, sig_id):
+    rep = diagnose.diagnose(runlog.parse_text(message + "\n"))
+    assert [f.get("id") for f in rep["findings"]] == [sig_id] and rep["explained"]
+
+
+def test_a_bare_word_hydra_could_not_parse_points_at_the_space_separated_labels():
+    log = ("megatron.bridge.training.utils.omegaconf_utils.OverridesError: Failed to parse Hydra overrides: "
+           "Error parsing override 'b'\nmissing EQUAL at '<EOF>'\n")
+    f = diagnose.diagnose(runlog.parse_text(log))["findings"][0]
+    assert "missing EQUAL" in f["evidence"] and "comma" in f["next_action"]
+
+
+def test_rl_beside_recompute_modules_is_fixed_by_dropping_rl_not_by_hydra_nulls():
+    """argparse is applied after Hydra at every release (run_script.py:76-79 @ 067f987, :86-87 @ v0.5.1)."""
+    log = ("torchrun --nproc_per_node 8 scripts/performance/bootstrap.py -m llama -rl 4 --recompute_modules mlp "
+           "model.recompute_method=null\n"
+           "ValueError: When using recompute_granularity: selective recompute_num_layers must be None.\n")
+    f = diagnose.diagnose(runlog.parse_text(log))["findings"][0]
+    assert f["next_action"].startswith("drop -rl") and "cannot undo -rl" in f["next_action"]
+    # a pasted message alone: the card's fix (a recipe's leftover), and what to do when -rl was given
+    f = diagnose.diagnose(runlog.parse_text(log.splitlines()[1] + "\n"))["findings"][0]
+    assert f["next_action"].startswith("set recompute_num_layers=null") and "drop -rl" in f["next_action"]
+
+
+def test_a_list_flag_given_twice_is_a_warning_naming_what_argparse_drops():
+    log = "python bootstrap.py -m x --recompute_modules core_attn --recompute_modules moe_act\n"
+    rep = diagnose.diagnose(runlog.parse_text(log))
+    f = rep["findings"][0]
+    assert f["id"] == "list-flag-given-twice" and f["severity"] == "warning" and not rep["explained"]
+    assert "keeps only the last" in f["next_action"]
+
+
+def test_the_run_dirs_manifest_argv_is_read_too(tmp_path):
+    run = tmp_path / "core_attn"
+    run.mkdir()
+    (run / "log.txt").write_text("ValueError: When using recompute_granularity: selective recompute_num_layers "
+                                 "must be None.\n")
+    (run / "manifest.json").write_text(json.dumps({"name": "core_attn", "argv": [
+        "torchrun", "scripts/performance/bootstrap.py", "-rl", "2", "--recompute_modules", "core_attn"]}))
+    proc = run_script("diagnose", run, "--json")
+    f = json.loads(proc.stdout)["findings"][0]
+    assert proc.returncode == 0 and f["next_action"].startswith("drop -rl")
+    text = run_script("diagnose", run).stdout
+    assert "[selective-with-num-layers]" in text and "drop -rl" in text

@@ -20,7 +20,7 @@ EXIT_BAD_INPUT = 2
 
 # One error line stays readable and bounded whatever the input held (a list of a million
 # labels must not become a 300 MB line).
-MAX_FIELD = 120
+MAX_FIELD = 200
 MAX_REASON = 600
 
 
@@ -37,13 +37,22 @@ def one_line(text: str) -> str:
     return "".join(c if c.isprintable() or c == " " else " " for c in str(text))
 
 
+def clip_middle(text: str, limit: int) -> str:
+    """`text` cut to about `limit` characters in the middle: a field's end names the key."""
+    text = str(text)
+    if len(text) <= limit:
+        return text
+    head = limit // 3
+    return f"{text[:head]}…{text[len(text) - (limit - head - 1):]}"
+
+
 class InputError(Exception):
     """Input the tool cannot read. `field` names what is wrong, as the user spelled it."""
 
     exit_code = EXIT_BAD_INPUT
 
     def __init__(self, field: str, reason: str):
-        self.field = clip(one_line(field), MAX_FIELD)
+        self.field = clip_middle(one_line(field), MAX_FIELD)
         self.reason = clip(one_line(reason), MAX_REASON)
         super().__init__(f"{self.field}: {self.reason}")
 

@@ -32,11 +32,13 @@ failure (an OOM classification, or an error-severity config/runtime match);
 
 from __future__ import annotations
 
+import re
 from typing import Optional
 
 from mbridge_recompute.logs import signatures
 from mbridge_recompute.logs.oom import OOMEvent
 from mbridge_recompute.logs.runlog import EXC_LINE, RunLog
+from mbridge_recompute.output import quote_overrides
 from mbridge_recompute.units import GB, GIB
 
 RESERVED_OVER_ALLOCATED = 1.10      # "reserved >> allocated" in a memory report
@@ -247,8 +249,72 @@ def _error_findings(run: RunLog) -> list:
     return ordered + unknown
 
 
+# a harness command line as a log or manifest shows it
+_RL = re.compile(r"(?<!\S)(?:-rl|--recompute_num_layers)(?:=|\s+)\d")
+_MODULES_FLAG = re.compile(r"(?<!\S)--recompute_mod\w*(?==|\s)")
+_RL_FIX = ("drop -rl: the harness applies the argparse flags after the Hydra overrides (run_script.py:76-79, "
+           "overrides.py:174-177 @ 067f987; run_script.py:86-87, overrides.py:150-153 @ v0.5.1), so "
+           "model.recompute_method=null model.recompute_num_layers=null cannot undo -rl in the same run. "
+           "Hydra nulls only undo a full recompute the recipe itself carries; for full recompute use -rl N "
+           "alone (or block:N in run_harness.py), for selective use --recompute_modules alone")
+
+
+def _command_lines(run: RunLog) -> list:
+    """Command lines the run shows: its manifest's argv, and log lines that hold harness flags."""
+    out = []
+    argv = (run.manifest or {}).get("argv")
+    if isinstance(argv, list):
+        out.append((None, " ".join(map(str, argv))))
+    for no, line in enumerate(run.lines, start=1):
+        if "--recompute_mod" in line or "-rl" in line or "--recompute_num_layers" in line:
+            out.append((no, line))
+    return out
+
+
+def _argv_findings(run: RunLog, found: list) -> list:
+    """What a harness command line in the log shows: `-rl` next to labels, a list flag given twice."""
+    out = []
+    lines = _command_lines(run)
+    with_rl = [(no, t) for no, t in lines if _RL.search(t) and _MODULES_FLAG.search(t)]
+    for f in found:
+        if f.get("id") != "selective-with-num-layers":
+            continue
+        if with_rl or any(_RL.search(t) for _, t in lines):
+            f["next_action"] = _RL_FIX
+            f["evidence"] += "; the command line has -rl" + (" beside --recompute_modules" if with_rl else "")
+        else:
+            # the text does not show the command line: the nulls fix a recipe's leftover full
+            # recompute, and are no fix at all for -rl given with the labels
+            f["next_action"] += ("; if the run was given -rl N together with --recompute_modules, drop -rl "
+                                 "instead (the harness applies -rl after the Hydra overrides, so nulls cannot "
+                                 "undo it)")
+    for no, text in lines:
+        if len(_MODULES_FLAG.findall(text)) >= 2:
+            where = f"line {no}" if no else "the manifest's argv"
+            out.append({"kind": "config", "id": "list-flag-given-twice", "severity": "warning", "line": no or 0,
+                        "evidence": f"{where}: --recompute_modules is given more than once: {text.strip()[:300]}",
+                        "next_action": "argparse keeps only the last --recompute_modules (its earlier labels are "
+                                       "dropped without an error): give every label in one comma-separated "
+                                       "token, --recompute_modules a,b",
+                        "source": "argument_parser.py:41-43 @ 067f987 (list_of_strings, no nargs); "
+                                  "Lib/argparse.py store action @ CPython 3.11"})
+            break
+    return out
+
+
+def _hydra_detail(run: RunLog, found: list) -> None:
+    """Hydra prints the reason on the next line ("missing EQUAL at '<EOF>'"): a bare word."""
+    for f in found:
+        if f.get("id") == "hydra-override-parse-error" and f.get("line"):
+            nxt = run.lines[f["line"]] if f["line"] < len(run.lines) else ""
+            if "missing EQUAL" in nxt:
+                f["evidence"] += f"; next line: {nxt.strip()[:120]} (a bare word, not key=value)"
+
+
 def diagnose(run: RunLog) -> dict:
-    findings = _oom_findings(run) + _error_findings(run)
+    errors = _error_findings(run)
+    _hydra_detail(run, errors)
+    findings = _oom_findings(run) + errors + _argv_findings(run, errors)
     explained = any(f["kind"] in EXPLAINING_KINDS or
                     (f["kind"] in ("config", "runtime") and f["severity"] == "error") for f in findings)
     return {"source": run.path or run.name, "findings": findings, "explained": explained,
@@ -261,11 +327,12 @@ def render_text(report: dict) -> str:
         return f"{report['source']}: nothing recognisable (no OOM, no known recompute error)"
     lines = [f"{report['source']}:"]
     for i, f in enumerate(report["findings"], 1):
-        tag = f["kind"] + (f" [{f['constraint_id']}]" if f.get("constraint_id") else "") \
+        ident = f.get("constraint_id") or f.get("id")
+        tag = f["kind"] + (f" [{ident}]" if ident else "") \
             + ("" if f["severity"] == "error" else f" ({f['severity']})")
         lines.append(f"{i}. {tag}")
         lines.append(f"   evidence: {f['evidence']}")
-        lines.append(f"   next:     {f['next_action']}")
+        lines.append(f"   next:     {quote_overrides(f['next_action'])}")
         if f.get("source"):
             lines.append(f"   source:   {f['source']}")
     return "\n".join(lines)

@@ -157,6 +157,34 @@ RUNTIME: tuple = (
          "Consider adding 'mhc' …", "add mhc to recompute_modules (selective) if hyper-connection "
          "activations dominate", "transformer/transformer_config.py:2053-2060 @ main (d98e8a6)",
          severity="warning"),
+    # ---- the perf harness's command line: argparse (CPython Lib/argparse.py @ 3.11) and Hydra, whose
+    # override grammar gets every token argparse leaves (parse_known_args in run_script.py / bootstrap.py)
+    _sig("argparse-unrecognized-arguments", "config", "error: unrecognized arguments: {args}",
+         "give recompute labels as ONE comma-separated token (--recompute_modules core_attn,moe_act); a word "
+         "after a space is not part of the flag. A flag this Bridge release does not have is refused by "
+         "run_harness.py, which checks the argv against the release's own flags",
+         "Lib/argparse.py:1871,2384 @ CPython 3.11",
+         cause="a command line argparse parses in full got a word it does not take: typically the second "
+               "label of a space-separated --recompute_modules list"),
+    _sig("argparse-invalid-choice", "config", "invalid choice: {value} (choose from {choices})",
+         "use one of the listed choices: --task is lora at Bridge 0.5 and peft from 0.6; -c has no fp8_ds "
+         "at any release (reach fp8ds recipes through scripts/training/train.sh --recipe)",
+         "Lib/argparse.py:2552 @ CPython 3.11; scripts/performance/argument_parser.py:269 @ v0.5.1, "
+         ":276 @ v0.6.0",
+         cause="a flag value outside the choices of this release's harness parser"),
+    _sig("argparse-expected-one-argument", "config", "expected one argument",
+         "the flag needs a value; the '[]' control has no flag form: use the Hydra overrides "
+         "model.recompute_granularity=selective 'model.recompute_modules=[]' instead of an empty "
+         "--recompute_modules", "Lib/argparse.py:2199 @ CPython 3.11",
+         cause="a flag given without its value (--recompute_modules at the end of the line, or before "
+               "another flag)"),
+    _sig("hydra-override-parse-error", "config", "Error parsing override '{override}'",
+         "a token Hydra cannot parse reached it: a bare word (\"missing EQUAL\": usually the second label "
+         "of a space-separated --recompute_modules list; join the labels with commas) or an unquoted list "
+         "the shell split; quote Hydra lists ('model.recompute_modules=[]')",
+         "hydra/core/override_parser/overrides_parser.py:95 @ hydra-core 1.3.2; wrapped by "
+         "src/megatron/bridge/training/utils/omegaconf_utils.py:179-186 @ 067f987",
+         cause="the perf harness hands every token argparse does not take to Hydra's override parser"),
     # ---- Megatron-LM training arguments the card leaves out (megatron/training/arguments.py)
     _sig("checkpoint-activations-removed", "config",
          "--checkpoint-activations is no longer valid, use --recompute-activations, or, for more control, "
