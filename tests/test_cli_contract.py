@@ -195,7 +195,7 @@ def test_usage_names_the_script_the_user_ran(tool, run_tool):
     assert p.returncode == 0 and p.stdout.startswith(f"usage: {SCRIPT_OF[tool]}")
 
 
-# ---------------------------------------------------------------- one meaning per exit code, JSON on every exit
+# ---------------------------------------------------------------- exit codes and JSON on every exit
 
 @pytest.mark.parametrize("tool", TOOLS)
 def test_with_json_unusable_input_also_prints_one_error_object(tool):

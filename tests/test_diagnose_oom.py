@@ -15,10 +15,7 @@ sys.path.insert(0, str(FIXTURES))
 
 import logformat as lf  # noqa: E402
 
-from mbridge_recompute.logs import (
-    diagnose,  # noqa: E402
-    runlog,
-)
+from mbridge_recompute.logs import diagnose, runlog  # noqa: E402
 
 GIB = lf.GIB
 CAP = 79.11 * GIB
@@ -91,8 +88,10 @@ def test_oom_before_any_iteration_without_a_traceback_is_unknown():
 
 def test_memory_outside_pytorch_is_reported():
     msg = lf.oom_message(2 * GIB, CAP, 0.3 * GIB, 60.0 * GIB, 0.2 * GIB, in_use=78.0 * GIB)
-    msg = msg.replace("Including non-PyTorch", "Process 999 has 9.00 GiB memory in use. Including non-PyTorch")
-    rep = diagnose.diagnose(runlog.parse_lines([lf.iteration_line(1, 20, 3000.0)] + lf.traceback(lf.FORWARD, msg)))
+    other = "Process 999 has 9.00 GiB memory in use. Including non-PyTorch"
+    msg = msg.replace("Including non-PyTorch", other)
+    lines = [lf.iteration_line(1, 20, 3000.0)] + lf.traceback(lf.FORWARD, msg)
+    rep = diagnose.diagnose(runlog.parse_lines(lines))
     ev = rep["findings"][0]["evidence"]
     assert "17.80 GiB of this process is outside PyTorch" in ev
     assert "other processes hold 9.00 GiB" in ev

@@ -112,7 +112,8 @@ def test_every_run_gets_identical_passthrough_and_differs_only_in_recompute(chec
         rest = argv[4 + len(PINNED):]
         assert rest[:len(r["recompute_tokens"])] == r["recompute_tokens"]
         assert rest[len(r["recompute_tokens"]):] == [
-            "-wdj", f"recompute_{r['name']}", "--save_config_filepath", f"{r['run_dir']}/ConfigContainer.yaml"]
+            "-wdj", f"recompute_{r['name']}",
+            "--save_config_filepath", f"{r['run_dir']}/ConfigContainer.yaml"]
     # what differs between any two runs is only recompute tokens, name and run dir
     assert len({tuple(r["recompute_tokens"]) for r in runs}) == len(runs)
 
@@ -391,7 +392,8 @@ def test_0_5_dry_run_flag_is_said_not_to_validate(tmp_path):
     notes = sweep(repo, "[]", passthrough=[*PINNED, "-d"])["notes"]
     assert any("nothing is validated" in n and "run_script.py:105-111 @ v0.5.1" in n for n in notes)
     main = standin.make_checkout(tmp_path / "main", "main", parser=False)
-    assert not any("nothing is validated" in n for n in sweep(main, "[]", passthrough=[*PINNED, "-d"])["notes"])
+    notes = sweep(main, "[]", passthrough=[*PINNED, "-d"])["notes"]
+    assert not any("nothing is validated" in n for n in notes)
 
 
 @pytest.mark.parametrize("release,task,ok", [("0.5", "lora", True), ("0.5", "peft", False),
@@ -481,12 +483,14 @@ def test_a_relative_torchrun_is_the_users_path_not_the_checkouts(checkout, tmp_p
 
 
 def test_default_out_is_relative_to_where_the_user_runs_the_tool(checkout, tmp_path):
-    proc = run_script("harness", "--repo", checkout, "--json", "--candidates", "[]", "--", *PINNED, cwd=tmp_path)
+    proc = run_script("harness", "--repo", checkout, "--json", "--candidates", "[]", "--", *PINNED,
+                      cwd=tmp_path)
     assert json.loads(proc.stdout)["runs"][0]["run_dir"] == str(tmp_path / "recompute-runs" / "empty")
 
 
 def test_launching_into_the_skill_itself_is_refused(checkout):
-    proc = run_script("harness", "--repo", checkout, "--launch", "--candidates", "[]", "--", *PINNED, cwd=ROOT)
+    proc = run_script("harness", "--repo", checkout, "--launch", "--candidates", "[]", "--", *PINNED,
+                      cwd=ROOT)
     assert proc.returncode == 2 and "inside the installed skill" in proc.stderr
     assert not (ROOT / "recompute-runs").exists()
 

@@ -29,8 +29,8 @@ _REPO = standin.make_checkout(Path(_TMP) / "bridge", "main", parser=False)
 
 entry_fields = st.fixed_dictionaries({}, optional={
     "recompute_granularity": st.one_of(st.sampled_from(["selective", "full", "none", None, "bogus"]), trees),
-    "recompute_modules": st.one_of(st.lists(st.sampled_from(["core_attn", "mlp", "moe_act", "x"]), max_size=4),
-                                   trees),
+    "recompute_modules": st.one_of(
+        st.lists(st.sampled_from(["core_attn", "mlp", "moe_act", "x"]), max_size=4), trees),
     "recompute_method": st.one_of(st.sampled_from(["uniform", "block", None]), trees),
     "recompute_num_layers": st.one_of(st.integers(min_value=-2, max_value=40), trees),
     "allowed": st.one_of(st.booleans(), trees), "rejected_by": trees, "name": trees})
@@ -46,7 +46,8 @@ def _text(obj) -> str:
 
 
 @FAST
-@given(st.one_of(plans.map(_text), trees.map(_text), st.binary(max_size=300).map(lambda b: b.decode("latin-1")),
+@given(st.one_of(plans.map(_text), trees.map(_text),
+                 st.binary(max_size=300).map(lambda b: b.decode("latin-1")),
                  st.sampled_from(["[" * 30000, '{"frontier": [' + "9" * 6000 + "]}", "", "   "])))
 def test_any_plan_file_is_judged_without_a_traceback(text):
     with tempfile.TemporaryDirectory() as tmp:

@@ -58,7 +58,8 @@ def judged(code, out, err, as_json=True):
 
 # arbitrary JSON-shaped trees, with the values that broke readers before: huge integers, nesting,
 # wrong types where a list or a number belongs
-scalars = st.one_of(st.none(), st.booleans(), st.integers(), st.integers(min_value=10**300, max_value=10**400),
+scalars = st.one_of(st.none(), st.booleans(), st.integers(),
+                    st.integers(min_value=10**300, max_value=10**400),
                     st.floats(allow_nan=True, allow_infinity=True), st.text(max_size=20))
 trees = st.recursive(scalars, lambda kids: st.one_of(st.lists(kids, max_size=4),
                                                      st.dictionaries(st.text(max_size=12), kids, max_size=4)),
@@ -73,7 +74,8 @@ def _json_text(tree) -> str:
     return json.dumps(tree, default=str, allow_nan=True)
 
 
-VOCAB = [b"iteration ", b"/ ", b"| ", b"lm loss: ", b"nan", b"[Rank ", b"] (after ", b" iterations) memory (GB) | ",
+VOCAB = [b"iteration ", b"/ ", b"| ", b"lm loss: ", b"nan", b"[Rank ", b"] (after ",
+         b" iterations) memory (GB) | ",
          b"mem-max-allocated-gigabytes: ", b"CUDA out of memory. Tried to allocate ", b" GiB", b"\n", b"\r",
          b"\x1b[31m", b"\xff\xfe", b"\x00", b"Traceback (most recent call last):\n", b"ValueError: ",
          b"9" * 5000, b"Error parsing override 'x'", b"--recompute_modules a ", b"-rl 2 "]
@@ -115,8 +117,9 @@ yaml_docs = st.one_of(
     st.dictionaries(st.sampled_from(["model", "train", "dataset", "logger"]), keyed_trees, max_size=3).map(
         _yaml_text),
     trees.map(_yaml_text),
-    st.lists(st.sampled_from(["a: &x [1, 2]\n", "b: *x\n", "c: &y {k: *x}\n", "d: [*y, *y]\n", "model:\n",
-                              "  seq_length: 4096\n", "!!python/name:x {}\n", "[", "{", "e: " + "9" * 5000 + "\n"]),
+    st.lists(st.sampled_from(["a: &x [1, 2]\n", "b: *x\n", "c: &y {k: *x}\n", "d: [*y, *y]\n",
+                              "model:\n", "  seq_length: 4096\n", "!!python/name:x {}\n", "[", "{",
+                              "e: " + "9" * 5000 + "\n"]),
              max_size=12).map("".join),
     st.text(max_size=200),
 )

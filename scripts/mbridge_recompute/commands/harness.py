@@ -24,7 +24,8 @@ candidates: '[]' (selective, empty list: the matched control, added unless --no-
 examples:
   run_harness.py --repo ~/Megatron-Bridge --candidates core_attn moe_act layernorm,moe_act \\
       -- -m deepseek -mr moonlight_16b -ng 8 -g h100 -c bf16 -gb 64 -sl 4096 -ms 20
-  run_harness.py --repo ~/Megatron-Bridge --from-plan plan.json --json -- -m llama -mr llama3_8b -ng 8 -g h100 -gb 128 -sl 8192
+  run_harness.py --repo ~/Megatron-Bridge --from-plan plan.json --json \\
+      -- -m llama -mr llama3_8b -ng 8 -g h100 -gb 128 -sl 8192
   run_harness.py --repo ~/Megatron-Bridge --candidates block:4 --launch --out runs/llama --timeout 3600 -- ...
   run_harness.py --bridge-release 0.5 --candidates moe_act -- ...   # no checkout: print only
 
@@ -56,13 +57,15 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--out", default="recompute-runs",
                    help="directory for the run directories, relative to where you run the tool "
                         "(default: %(default)s)")
-    p.add_argument("--name-prefix", default="recompute", help="prefix of each run's -wdj name (default: %(default)s)")
+    p.add_argument("--name-prefix", default="recompute",
+                   help="prefix of each run's -wdj name (default: %(default)s)")
     p.add_argument("--python", default="python", help="interpreter for setup_experiment.py (slurm launcher)")
     p.add_argument("--torchrun", default="torchrun", help="torchrun executable (local launcher)")
     mode = p.add_mutually_exclusive_group()
     mode.add_argument("--dry-run", action="store_true", help="print the runs (default)")
     mode.add_argument("--launch", action="store_true", help="run them, one after another")
-    p.add_argument("--timeout", type=float, metavar="SECONDS", help="end a run after this long (with --launch)")
+    p.add_argument("--timeout", type=float, metavar="SECONDS",
+                   help="end a run after this long (with --launch)")
     p.add_argument("--grace", type=float, default=30.0, metavar="SECONDS",
                    help="after SIGTERM, wait this long before SIGKILL (default: %(default)s)")
     p.add_argument("--force", action="store_true", help="reuse non-empty run directories")
@@ -171,8 +174,8 @@ def run(args) -> int:
     for r in report["runs"]:
         m = by_name.get(r["name"])
         r["status"] = m["status"] if m else "not-run"
-        for key in ("returncode", "timed_out", "interrupted", "ended_by", "leftover", "started_at", "ended_at",
-                    "duration_s", "log"):
+        for key in ("returncode", "timed_out", "interrupted", "ended_by", "leftover", "started_at",
+                    "ended_at", "duration_s", "log"):
             r[key] = m.get(key) if m else None
         r["manifest"] = f"{r['run_dir']}/{launch.MANIFEST}" if m else None
     logs = [r["log"] for r in report["runs"] if r.get("log")]

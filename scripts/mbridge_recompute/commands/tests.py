@@ -79,8 +79,9 @@ def _text(r: dict) -> str:
         lines.append("")
         lines.append(table(["test", "outcome"], [[t["id"], t["outcome"]] for t in r["tests"]]))
     lines.append("")
-    lines.append(f"selected {r['selected']}  passed {r['passed']}  failed {r['failed']}  errors {r['errors']}  "
-                 f"skipped {r['skipped']}  deselected {r['deselected']}  pytest exit {r['returncode']}")
+    lines.append(f"selected {r['selected']}  passed {r['passed']}  failed {r['failed']}  "
+                 f"errors {r['errors']}  skipped {r['skipped']}  deselected {r['deselected']}  "
+                 f"pytest exit {r['returncode']}")
     if r.get("timed_out"):
         lines.append(f"timed out: pytest's process group was ended ({r['ended_by']})")
     if r.get("interrupted"):

@@ -122,7 +122,8 @@ def summarize(run: RunLog, steady_from: Optional[int] = None, fraction: float = 
         notes.append("an iteration line was cut (truncated log)")
     hstatus = (run.manifest or {}).get("status")
     if hstatus and hstatus != "ok":
-        notes.append(f"the harness recorded status {hstatus!r} (returncode {(run.manifest or {}).get('returncode')})")
+        code = (run.manifest or {}).get("returncode")
+        notes.append(f"the harness recorded status {hstatus!r} (returncode {code})")
     if run.replaced_bytes:
         notes.append(f"{run.replaced_bytes} undecodable byte sequence(s) replaced")
 
@@ -283,7 +284,8 @@ def match(run: RunLog, control: RunLog) -> list:
     ka = {m.rank for m in run.memory if m.after == 1}
     kb = {m.rank for m in control.memory if m.after == 1}
     if ka and kb and ka != kb:
-        reasons.append(f"different ranks report memory ({sorted(ka)} vs {sorted(kb)}): different parallel layout")
+        reasons.append(f"different ranks report memory ({sorted(ka)} vs {sorted(kb)}): "
+                       "different parallel layout")
     return reasons
 
 
@@ -444,7 +446,8 @@ def render_text(report: dict) -> str:
 
     r0 = next(r for r in report["runs"] if r["control"])
     head = (f"control: {report['control']} ({r0['status']}); steady window: iterations "
-            f"{r0['steady_window'][0]}-{r0['steady_window'][1]}; Δ peak at the latest iteration both runs reported")
+            f"{r0['steady_window'][0]}-{r0['steady_window'][1]}; "
+            "Δ peak at the latest iteration both runs reported")
     return "\n".join([head, "", table(HEADERS, table_rows(report), "llrrrrrrrr"), ""] + _footer(report))
 
 

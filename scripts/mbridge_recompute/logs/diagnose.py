@@ -226,26 +226,31 @@ def _error_findings(run: RunLog) -> list:
             else:
                 where = f" (in {err.frames[-1].func}, {err.frames[-1].file}:{err.frames[-1].lineno})" \
                     if err.frames else ""
-                found[sig.id] = dict(_sig_finding(sig, f"line {err.line}: {text[:300]}{where}", err.line), count=1)
+                evidence = f"line {err.line}: {text[:300]}{where}"
+                found[sig.id] = dict(_sig_finding(sig, evidence, err.line), count=1)
             continue
         if err.exc_type.rsplit(".", 1)[-1] in _WRAPPER_EXC or err.exc_type.endswith("Warning"):
             continue
-        cfg = next((f for f in reversed(err.frames) if f.file.replace("\\", "/").endswith(_CONFIG_FILES)), None)
+        cfg = next((f for f in reversed(err.frames)
+                    if f.file.replace("\\", "/").endswith(_CONFIG_FILES)), None)
         text = f"{err.exc_type}: {err.message}".strip()
         if cfg is not None:
             key = f"config:{text[:120]}"
             if key not in found:
                 found[key] = {"kind": "config", "evidence": f"line {err.line}: {text[:300]}",
-                              "next_action": "a configuration rule this tool does not list: run check_config.py "
-                                             "on the workload (--validator live) and read the rule at the source",
+                              "next_action": ("a configuration rule this tool does not list: run "
+                                              "check_config.py on the workload (--validator live) and "
+                                              "read the rule at the source"),
                               "severity": "error", "source": f"{cfg.file}:{cfg.lineno}", "line": err.line,
                               "count": 1}
             continue
         if len(unknown) < 3 and all(u["evidence"].split(": ", 1)[-1] != text[:300] for u in unknown):
             unknown.append({"kind": "unknown", "evidence": f"line {err.line}: {text[:300]}",
-                            "next_action": "not a known memory or recompute failure; read the traceback ending "
-                                           f"at line {err.line}", "severity": "info", "line": err.line})
-    ordered = sorted(found.values(), key=lambda f: ({"error": 0, "warning": 1}.get(f["severity"], 2), f["line"]))
+                            "next_action": ("not a known memory or recompute failure; read the traceback "
+                                            f"ending at line {err.line}"),
+                            "severity": "info", "line": err.line})
+    rank = {"error": 0, "warning": 1}
+    ordered = sorted(found.values(), key=lambda f: (rank.get(f["severity"], 2), f["line"]))
     return ordered + unknown
 
 
@@ -285,17 +290,19 @@ def _argv_findings(run: RunLog, found: list) -> list:
         else:
             # the text does not show the command line: the nulls fix a recipe's leftover full
             # recompute, and are no fix at all for -rl given with the labels
-            f["next_action"] += ("; if the run was given -rl N together with --recompute_modules, drop -rl "
-                                 "instead (the harness applies -rl after the Hydra overrides, so nulls cannot "
-                                 "undo it)")
+            f["next_action"] += ("; if the run was given -rl N together with --recompute_modules, drop "
+                                 "-rl instead (the harness applies -rl after the Hydra overrides, so nulls "
+                                 "cannot undo it)")
     for no, text in lines:
         if len(_MODULES_FLAG.findall(text)) >= 2:
             where = f"line {no}" if no else "the manifest's argv"
-            out.append({"kind": "config", "id": "list-flag-given-twice", "severity": "warning", "line": no or 0,
-                        "evidence": f"{where}: --recompute_modules is given more than once: {text.strip()[:300]}",
-                        "next_action": "argparse keeps only the last --recompute_modules (its earlier labels are "
-                                       "dropped without an error): give every label in one comma-separated "
-                                       "token, --recompute_modules a,b",
+            out.append({"kind": "config", "id": "list-flag-given-twice", "severity": "warning",
+                        "line": no or 0,
+                        "evidence": (f"{where}: --recompute_modules is given more than once: "
+                                     f"{text.strip()[:300]}"),
+                        "next_action": ("argparse keeps only the last --recompute_modules (its earlier "
+                                        "labels are dropped without an error): give every label in one "
+                                        "comma-separated token, --recompute_modules a,b"),
                         "source": "argument_parser.py:41-43 @ 067f987 (list_of_strings, no nargs); "
                                   "Lib/argparse.py store action @ CPython 3.11"})
             break

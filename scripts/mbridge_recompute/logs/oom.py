@@ -36,7 +36,8 @@ from mbridge_recompute.units import GIB, KIB, MIB, TIB
 
 _SIZE = r"([\d.]+)\s*(bytes|B|KiB|MiB|GiB|TiB)"
 # (a source line such as `except torch.OutOfMemoryError:` in a traceback is not an OOM)
-OOM_MARK = re.compile(r"CUDA out of memory|CUDA error: out of memory|^\s*(?:[\w.]+\.)?OutOfMemoryError(?::|$)")
+OOM_MARK = re.compile(r"CUDA out of memory|CUDA error: out of memory"
+                      r"|^\s*(?:[\w.]+\.)?OutOfMemoryError(?::|$)")
 OOM_TRIED = re.compile(r"Tried to allocate " + _SIZE)
 OOM_CAP = re.compile(r"GPU (\d{1,6}) has a total capac\w* of " + _SIZE + r" of which " + _SIZE + r" is free")
 OOM_INUSE = re.compile(r"this process has " + _SIZE + r" memory in use")

@@ -38,7 +38,8 @@ from mbridge_recompute.units import GB, MIB
 # (PyTorch's `[rankN]: ` carries one space of its own; torchrun's `[defaultN]:` none)
 # (every number a regex hands to int() is bounded, so a 5000-digit "rank" is text, not a
 # ValueError past Python's integer-conversion limit)
-_PREFIX = re.compile(r"^(?:\s*(?:\[default\d{1,6}\]:|\[rank\d{1,6}\]: ?|\[1,\d{1,6}\]<std(?:out|err)>:|\d{1,5}: ))+")
+_PREFIX = re.compile(r"^(?:\s*(?:\[default\d{1,6}\]:|\[rank\d{1,6}\]: ?"
+                     r"|\[1,\d{1,6}\]<std(?:out|err)>:|\d{1,5}: ))+")
 _PREFIX_RANK = re.compile(r"\[(?:default|rank)(\d{1,6})\]|\[1,(\d{1,6})\]|^\s*(\d{1,5}): ")
 
 # --- Bridge iteration line: train_utils.py:1088-1140 (MLM: training.py:3567-3653)
@@ -56,7 +57,8 @@ STEP = re.compile(r"Step Time :\s*([\d.]+)s GPU utilization:\s*([\d.]+)\s*MODEL_
 MEM = re.compile(r"\[Rank (\d{1,9})\] \(after (\d{1,12}) iterations\) memory \(GB\)(.*)")
 MEM_KEY = re.compile(r"(mem-[\w-]+):\s*([\d.eE+-]+)")
 # --- Megatron-LM memory report: common_utils.py:313-334 @ MLM 2a75ac12 (MiB)
-MLMMEM = re.compile(r"\[Rank (\d{1,9})\] \(after (\d{1,12}) iterations\) memory \(MB\) \| allocated: ([\d.]+) \|"
+MLMMEM = re.compile(r"\[Rank (\d{1,9})\] \(after (\d{1,12}) iterations\) memory \(MB\)"
+                    r" \| allocated: ([\d.]+) \|"
                     r" max allocated: ([\d.]+) \| reserved: ([\d.]+) \| max reserved: ([\d.]+)")
 # --- theoretical_memory_utils.py:339-353 (MiB)
 THEO = re.compile(r"Theoretical memory footprints: weight and optimizer=([\d.]+) MB"
@@ -68,7 +70,8 @@ EXITING = re.compile(r"exiting program at iteration (\d{1,12})(?!\d)")       # t
 # --- tracebacks
 TB_START = re.compile(r"^Traceback \(most recent call last\):")
 TB_FRAME = re.compile(r'^\s+File "([^"]+)", line (\d{1,9}), in (\S+)')
-EXC_LINE = re.compile(r"^((?:[A-Za-z_][\w]*\.)*[A-Za-z_]\w*(?:Error|Exception|Warning|Interrupt))(?::\s?(.*))?$")
+EXC_LINE = re.compile(r"^((?:[A-Za-z_][\w]*\.)*[A-Za-z_]\w*(?:Error|Exception|Warning|Interrupt))"
+                      r"(?::\s?(.*))?$")
 
 # One harness run directory, as launch writes it and compare / diagnose read it.
 LOG = "log.txt"
@@ -327,7 +330,8 @@ def log_of(path) -> Path:
 
 # ANSI escape sequences (colour, cursor moves; CSI and OSC forms, and two-byte escapes): a
 # coloured log must parse like a plain one, and none of it may reach the user's terminal
-_ANSI = re.compile(r"\x1b(?:\[[0-?]*[ -/]*[@-~]|\][^\x07\x1b]*(?:\x07|\x1b\\)?|[@-Z\\-_])|\x9b[0-?]*[ -/]*[@-~]")
+_ANSI = re.compile(r"\x1b(?:\[[0-?]*[ -/]*[@-~]|\][^\x07\x1b]*(?:\x07|\x1b\\)?|[@-Z\\-_])"
+                   r"|\x9b[0-?]*[ -/]*[@-~]")
 _BOMS = ((b"\xef\xbb\xbf", "utf-8"), (b"\xff\xfe\x00\x00", "utf-32-le"), (b"\x00\x00\xfe\xff", "utf-32-be"),
          (b"\xff\xfe", "utf-16-le"), (b"\xfe\xff", "utf-16-be"))
 
@@ -465,7 +469,8 @@ def _parse_text(text: str, name: str, path: str) -> RunLog:
         em = EXC_LINE.match(line) if ("Error" in line or "Exception" in line or "Warning" in line
                                        or "Interrupt" in line) else None
         if em and (st.frames is not None or not em.group(1).endswith("Warning")):
-            run.errors.append(ErrorEvent(em.group(1), (em.group(2) or "").strip(), no, stream, list(st.frames or [])))
+            run.errors.append(ErrorEvent(em.group(1), (em.group(2) or "").strip(), no, stream,
+                                         list(st.frames or [])))
             st.frames = None
             continue
         if not ("iteration" in line or "Step Time" in line or "Theoretical memory" in line

@@ -102,9 +102,11 @@ RUNTIME: tuple = (
               fix="choose recompute_num_layers dividing the layers per model chunk (num_layers / PP / VPP), "
                   "or use recompute_method=block",
               source="transformer/transformer_block.py:532-542,443-444 @ core_v0.16.1"),
-    Signature(id="full-recompute-fp8-without-te", kind="runtime", pattern=r"'NoneType' object is not callable",
+    Signature(id="full-recompute-fp8-without-te", kind="runtime",
+              pattern=r"'NoneType' object is not callable",
               anchor="NoneType", exc_type="TypeError", frames=("checkpoint_handler", "_checkpointed_forward"),
-              cause="full recompute with fp8/fp4 calls te_checkpoint, which is None without Transformer Engine",
+              cause="full recompute with fp8/fp4 calls te_checkpoint, which is None without Transformer "
+                    "Engine",
               fix="install Transformer Engine, or run full recompute without fp8/fp4",
               source="transformer/transformer_block.py:52,504-519 @ core_v0.16.1"),
     _sig("te-checkpoint-needs-te", "runtime",
@@ -115,7 +117,8 @@ RUNTIME: tuple = (
     _sig("save-original-input-needs-te-2-6", "runtime",
          "set_save_original_input is only needed on transformer-engine modules that save quantized tensors "
          "by default. It needs transformer-engine>=2.6.0dev0.",
-         "upgrade Transformer Engine to >= 2.6, or drop layernorm/moe_act from recompute_modules under fp8/fp4",
+         "upgrade Transformer Engine to >= 2.6, or drop layernorm/moe_act from recompute_modules under "
+         "fp8/fp4",
          "extensions/transformer_engine.py:2501-2518 @ core_v0.16.1",
          cause="layernorm/moe_act recompute under fp8/fp4 on a Transformer Engine older than 2.6"),
     _sig("layernorm-recompute-attention-override", "runtime",
@@ -131,7 +134,8 @@ RUNTIME: tuple = (
               fix="install Transformer Engine (>= 2.6 for fp8 layernorm/moe_act recompute), or drop fp8",
               source="transformer/transformer_config.py:1248,1601,1607 @ core_v0.16.1"),
     # ---- CUDA graphs and EP overlap (transformer_config.py rules the card leaves out)
-    _sig("ep-overlap-needs-torch-2-6", "config", "A2A Overlap encounters hang issue with torch version < 2.6.0",
+    _sig("ep-overlap-needs-torch-2-6", "config",
+         "A2A Overlap encounters hang issue with torch version < 2.6.0",
          "upgrade torch to >= 2.6 or disable overlap_moe_expert_parallel_comm",
          "transformer/transformer_config.py:1854-1856 @ core_v0.16.1"),
     _sig("delay-wgrad-legacy-grouped-gemm", "config",
@@ -143,7 +147,8 @@ RUNTIME: tuple = (
          "upgrade Transformer Engine to >= 2.10, or disable delay_wgrad_compute or the partial CUDA graph",
          "transformer/transformer_config.py:1916-1920 @ core_v0.16.1"),
     _sig("early-attn-release-needs-ep-overlap", "config",
-         "overlap_moe_expert_parallel_comm must be enabled when enabling ep_overlap_early_attn_memory_release",
+         "overlap_moe_expert_parallel_comm must be enabled when enabling "
+         "ep_overlap_early_attn_memory_release",
          "enable overlap_moe_expert_parallel_comm or disable ep_overlap_early_attn_memory_release",
          "transformer/transformer_config.py:1922-1926 @ core_v0.16.1"),
     _sig("gtp-graph-shared-experts-fp8", "config",
@@ -276,8 +281,9 @@ def _keyword(parts: list, first_open: bool = True, last_open: bool = True) -> Op
         for m in _WORD.finditer(part):
             left_ok = m.start() > 0 or (i == 0 and first_open)
             right_ok = m.end() < len(part) or (i == len(parts) - 1 and last_open)
-            if left_ok and right_ok and len(m.group(0)) >= 4 and (best is None or len(m.group(0)) > len(best)):
-                best = m.group(0)
+            word = m.group(0)
+            if left_ok and right_ok and len(word) >= 4 and (best is None or len(word) > len(best)):
+                best = word
     return best
 
 

@@ -129,9 +129,11 @@ RELEASES = {
         local_entry=BOOTSTRAP, local_entry_recipes=BOOTSTRAP,
         entry_why=("bootstrap.py installs the recipe's environment and execs run_script.py or "
                    "run_recipe.py (bootstrap.py:29-69 @ v0.6.0)"),
-        seq_length_sets_model=True, seq_length_why="-sl sets model.seq_length (overrides.py:514-515 @ v0.6.0)",
+        seq_length_sets_model=True,
+        seq_length_why="-sl sets model.seq_length (overrides.py:514-515 @ v0.6.0)",
         dryrun_validates=True,
-        dryrun_why="-d runs runtime_config_update before writing the config (run_script.py:153-164 @ v0.6.0)",
+        dryrun_why=("-d runs runtime_config_update before writing the config "
+                    "(run_script.py:153-164 @ v0.6.0)"),
         precedence="run_script.py:76-79 @ v0.6.0", rl_line="overrides.py:174-177 @ v0.6.0",
         task_choices=("pretrain", "sft", "peft"), local_env_note="",
         suites=_bridge_suites(
@@ -144,9 +146,11 @@ RELEASES = {
         local_entry=BOOTSTRAP, local_entry_recipes=BOOTSTRAP,
         entry_why=("bootstrap.py installs the recipe's environment and execs run_script.py or "
                    "run_recipe.py (bootstrap.py:29-69 @ 067f987)"),
-        seq_length_sets_model=True, seq_length_why="-sl sets model.seq_length (overrides.py:514-515 @ 067f987)",
+        seq_length_sets_model=True,
+        seq_length_why="-sl sets model.seq_length (overrides.py:514-515 @ 067f987)",
         dryrun_validates=True,
-        dryrun_why="-d runs runtime_config_update before writing the config (run_script.py:153-164 @ 067f987)",
+        dryrun_why=("-d runs runtime_config_update before writing the config "
+                    "(run_script.py:153-164 @ 067f987)"),
         precedence="run_script.py:76-79 @ 067f987", rl_line="overrides.py:174-177 @ 067f987",
         task_choices=("pretrain", "sft", "peft"), local_env_note="",
         suites=_bridge_suites(
@@ -360,8 +364,8 @@ def check_passthrough(tokens: list, key: str) -> list:
                     problems.append(f"{tok} {value!r}: invalid choice at Bridge {key} "
                                     f"(choose from {', '.join(allowed)})")
             if name in seen and not entry.get("append"):
-                problems.append(f"{name} is given twice ({seen[name]!r} and {tok!r}): argparse keeps only the "
-                                "last; give it once (a list flag takes one comma-separated token)")
+                problems.append(f"{name} is given twice ({seen[name]!r} and {tok!r}): argparse keeps only "
+                                "the last; give it once (a list flag takes one comma-separated token)")
             seen.setdefault(name, tok)
         elif not _HYDRA.match(tok) or "=" not in tok and not tok.startswith("~"):
             problems.append(f"{tok!r} is neither a harness flag nor a key=value override: the rank hands it "

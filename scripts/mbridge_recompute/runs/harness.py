@@ -236,7 +236,8 @@ def _setting_from_fields(e, where: str) -> RecomputeSetting:
                                 "recompute_method/recompute_num_layers")
     gran = e.get("recompute_granularity")
     if gran is not None and not isinstance(gran, str):
-        raise InputError(f"{where}: recompute_granularity", f"must be text or null, got {type(gran).__name__}")
+        raise InputError(f"{where}: recompute_granularity",
+                         f"must be text or null, got {type(gran).__name__}")
     if gran in (None, "none", "null"):
         return RecomputeSetting.off()
     if gran == "selective":

@@ -57,7 +57,8 @@ print(json.dumps({"importable": True, "results": results}))
 """
 
 
-def check_runs(repo: str, runs: Sequence[PlannedRun], python: str = sys.executable, timeout: float = 120) -> dict:
+def check_runs(repo: str, runs: Sequence[PlannedRun], python: str = sys.executable,
+               timeout: float = 120) -> dict:
     """{"checked": bool, "reason": str, "runs": {name: {"ok", "problems", ...}}}."""
     perf_dir = Path(repo) / Path(ARGUMENT_PARSER).parent
     if not (Path(repo) / ARGUMENT_PARSER).is_file():
@@ -104,7 +105,8 @@ def _judge(run: PlannedRun, res: dict) -> dict:
     if "-rl" in toks:
         expect_rl = s.num_layers
     if res.get("recompute_modules") != expect_mods:
-        problems.append(f"recompute_modules parsed as {res.get('recompute_modules')!r}, expected {expect_mods!r}")
+        problems.append(f"recompute_modules parsed as {res.get('recompute_modules')!r}, "
+                        f"expected {expect_mods!r}")
     if res.get("recompute_num_layers") != expect_rl:
         problems.append(f"recompute_num_layers parsed as {res.get('recompute_num_layers')!r}, "
                         f"expected {expect_rl!r}")

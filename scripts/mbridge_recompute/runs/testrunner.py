@@ -128,8 +128,8 @@ def repo_kind(repo: Path) -> str:
         return BRIDGE
     if (repo / "megatron" / "core").is_dir() and (repo / "megatron" / "training").is_dir():
         return MLM
-    raise InputError("--repo", f"{repo} is not a Megatron-Bridge checkout (src/megatron/bridge), a Megatron-LM "
-                               "checkout (megatron/core + megatron/training) or this package "
+    raise InputError("--repo", f"{repo} is not a Megatron-Bridge checkout (src/megatron/bridge), a "
+                               "Megatron-LM checkout (megatron/core + megatron/training) or this package "
                                "(scripts/mbridge_recompute)")
 
 
@@ -205,8 +205,8 @@ def build_command(prefix: Sequence[str], paths: Sequence[str], keyword: Optional
     # --continue-on-collection-errors: one module that cannot be imported (a missing optional
     # dependency) would otherwise stop the session with zero tests run; its errors are still
     # counted, so the verdict stays "fail", but the report shows what the rest did
-    cmd = [*prefix, "-p", "no:cacheprovider", "-p", PLUGIN, f"--junitxml={junit}", "-o", "junit_family=xunit2",
-           "--continue-on-collection-errors"]
+    cmd = [*prefix, "-p", "no:cacheprovider", "-p", PLUGIN, f"--junitxml={junit}",
+           "-o", "junit_family=xunit2", "--continue-on-collection-errors"]
     if keyword:
         cmd += ["-k", keyword]
     return [*cmd, *extra, *paths]
