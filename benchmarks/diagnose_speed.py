@@ -26,7 +26,7 @@ ROOT = Path(__file__).resolve().parents[1]
 TRACEBACK = ('Traceback (most recent call last):\n'
              '  File "/opt/train/loop.py", line {line}, in step\n'
              '    batch = next(it)\n'
-             'ValueError: bad record {n} in shard {shard}\n')
+             'ValueError: bad record {n} in shard {shard} of /data/corpus/train\n')
 OOM = ("torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0 has a total "
        "capacity of 79.11 GiB of which 1.20 GiB is free. Of the allocated memory 70.10 GiB is "
        "allocated by PyTorch, and 5.30 GiB is reserved by PyTorch but unallocated.\n")
