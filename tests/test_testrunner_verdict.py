@@ -285,7 +285,7 @@ def test_a_child_left_behind_by_a_passing_test_does_not_hang_the_tool(tmp_path):
     assert not _alive(int(pidfile.read_text()))
 
 
-@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM, signal.SIGHUP])
 def test_a_signal_ends_pytest_and_its_children_and_still_prints_the_report(tmp_path, sig):
     pidfile = tmp_path / "holder.pid"
     repo = make_bridge(tmp_path / "b", "0.5", **{standin.PEFT: HOLDER.format(name="hold", sleep=300)})
