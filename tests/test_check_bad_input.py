@@ -1,7 +1,9 @@
 """Unusable input to `check_config.py`: exit 2, one line on stderr naming the field,
-nothing on stdout, never a traceback."""
+with --json one error object on stdout, never a traceback."""
 
 from __future__ import annotations
+
+import json
 
 import pytest
 
@@ -61,7 +63,7 @@ def test_bad_input_exits_2_with_one_line_naming_the_field(name, tmp_path):
         args += ["--validator", "builtin"]
     proc = run_script("check", *args, "--json")
     assert proc.returncode == 2, (proc.stdout, proc.stderr)
-    assert proc.stdout == ""
+    assert json.loads(proc.stdout)["error"]["exit"] == 2     # --json: one error object on stdout
     lines = proc.stderr.splitlines()
     assert len(lines) == 1, proc.stderr
     assert lines[0].startswith("error: ") and field in lines[0], lines[0]

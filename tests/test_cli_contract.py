@@ -193,3 +193,89 @@ def test_a_bad_set_value_names_the_field():
 def test_usage_names_the_script_the_user_ran(tool, run_tool):
     p = run_tool(tool, "--help")
     assert p.returncode == 0 and p.stdout.startswith(f"usage: {SCRIPT_OF[tool]}")
+
+
+# ---------------------------------------------------------------- exit codes and JSON on every exit
+
+@pytest.mark.parametrize("tool", TOOLS)
+def test_with_json_unusable_input_also_prints_one_error_object(tool):
+    r = run_script(tool, *BAD_INPUT[tool], "--json")
+    assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1
+    err = json.loads(r.stdout)["error"]                     # one object, nothing else on stdout
+    assert err["exit"] == 2 and err["field"] and err["message"]
+    assert r.stderr == f"error: {err['field']}: {err['message']}\n"
+
+
+@pytest.mark.parametrize("tool", TOOLS)
+def test_with_json_an_argparse_error_prints_one_error_object(tool, fake_bridge, fake_package):
+    required = {"compare": [str(EXAMPLES / "logs" / "moonlight16b" / "empty")],
+                "harness": ["--repo", str(fake_bridge), "--candidates", "[]"],
+                "tests": ["--repo", str(fake_package)]}.get(tool, [])
+    r = run_script(tool, *required, "--json", "--no-such-option")
+    assert r.returncode == 2 and "Traceback" not in r.stderr
+    err = json.loads(r.stdout)["error"]
+    assert err["exit"] == 2 and "--no-such-option" in err["field"] + err["message"]
+
+
+def _cases(fake_bridge, fake_package, tmp):
+    """(tool, argv, exit code) per tool: 0 ok, 1 read and rejected or a problem found, 2 unreadable."""
+    logs = EXAMPLES / "logs"
+    empty = tmp / "empty.log"
+    empty.write_text("")
+    pinned = ["-m", "llama", "-mr", "llama3_8b", "-ng", "8", "-g", "h100", "-gb", "128", "-sl", "8192"]
+    hb = ["harness", "--repo", str(fake_bridge), "--out", str(tmp / "runs"), "--candidates"]
+    return [
+        (hb + ["moe_act", "--", *pinned], 0),
+        (hb + ["moe_act", "--", *pinned, "-rl", "2"], 1),                 # fights the sweep
+        (hb + ["moe_act", "moe_act", "--", *pinned], 1),                   # given twice
+        (hb + ["moe_act", "--", *pinned[:-2]], 1),                         # no -sl: not a matched sweep
+        (hb + ["moe_act", "--", *pinned, "--task", "lora"], 1),           # not a choice at main
+        (hb + ["moe_atc", "--", *pinned], 2),                              # unknown label
+        (["harness", "--repo", str(fake_bridge), "--from-plan", str(empty), "--", *pinned], 2),
+        (["compare", *map(str, sorted((logs / "moonlight16b").iterdir()))], 0),
+        (["compare", str(logs / "oom" / "backward.log")], 1),              # a lone control that did not pass
+        (["compare", str(empty)], 2),
+        (["diagnose", str(logs / "oom" / "backward.log")], 0),
+        (["diagnose", "--message", "all good"], 1),
+        (["diagnose", str(empty)], 2),
+        (["tests", "--repo", str(fake_package), "--runner", "python"], 0),
+        (["tests", "--repo", str(fake_package), "--runner", "python", "-k", "nothing"], 1),
+        (["tests", "--repo", str(fake_package), "--suite", "nope"], 2),
+    ]
+
+
+def test_each_exit_code_means_one_thing_for_every_tool_i_can_run(fake_bridge, fake_package, tmp_path):
+    for argv, code in _cases(fake_bridge, fake_package, tmp_path):
+        i = argv.index("--") if "--" in argv else len(argv)     # --json goes before the harness arguments
+        r = run_script(argv[0], *argv[1:i], "--json", *argv[i:])
+        assert r.returncode == code, (argv, r.stderr[-400:])
+        assert "Traceback" not in r.stderr
+        out = json.loads(r.stdout)
+        if code == 2 or "error" in out:
+            assert out["error"]["exit"] == code and r.stderr.count("error: ") == 1
+
+
+def test_a_note_printed_before_a_failure_is_dropped_so_the_error_is_one_line(tmp_path):
+    """hf_config notes an ignored key, then --set fails: exit 2 must still be one line."""
+    hf = tmp_path / "config.json"
+    hf.write_text(json.dumps({"num_hidden_layers": 4, "hidden_size": 256, "num_attention_heads": 4,
+                              "intermediate_size": 512, "vocab_size": 1000, "some_unknown_key": 1}))
+    r = run_script("plan", "--hf-config", hf, "--set", "model.num_layers=abc")
+    assert r.returncode == 2 and r.stderr == "error: model.num_layers: must be an integer, got 'abc'\n"
+    ok = run_script("plan", "--hf-config", hf, "--json")
+    assert "note: --hf-config" in ok.stderr          # on success the note is still shown
+
+
+def test_an_error_line_stays_short_whatever_the_input_held():
+    r = run_script("compare", str(EXAMPLES / "logs" / "oom" / "backward.log"), "--control", "x" * 100_000)
+    assert r.returncode == 2 and r.stderr.count("\n") == 1 and len(r.stderr) < 1500
+    assert "more characters" in r.stderr
+
+
+def test_bad_input_to_plan_check_and_config_gets_the_json_error_object_too(tmp_path):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("model: [unclosed\n")
+    for argv in (["plan", str(bad)], ["check", str(bad), "--validator", "builtin"],
+                 ["config", str(bad), "--modules", "moe_act"]):
+        r = run_script(*argv, "--json")
+        assert r.returncode == 2 and json.loads(r.stdout)["error"]["exit"] == 2, argv

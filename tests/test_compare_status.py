@@ -16,10 +16,7 @@ sys.path.insert(0, str(FIXTURES))
 import logformat as lf  # noqa: E402
 
 from mbridge_recompute.errors import InputError  # noqa: E402
-from mbridge_recompute.logs import (
-    compare,  # noqa: E402
-    runlog,
-)
+from mbridge_recompute.logs import compare, runlog  # noqa: E402
 
 
 def summary(name: str, **kw) -> dict:
@@ -50,7 +47,8 @@ def test_pass_needs_the_optimizer_initialised():
     lines = [lf.iteration_line(1, 1, 5000.0)]
     s = compare.summarize(runlog.parse_lines(lines))
     assert s["status"] == "incomplete" and not s["optimizer_initialised"]
-    s = compare.summarize(runlog.parse_lines([lf.iteration_line(1, 2, 5000.0), lf.iteration_line(2, 2, 500.0)]))
+    s = compare.summarize(runlog.parse_lines([lf.iteration_line(1, 2, 5000.0),
+                                              lf.iteration_line(2, 2, 500.0)]))
     assert s["status"] == "pass"
 
 
@@ -152,8 +150,9 @@ def test_unknown_control_name_is_bad_input():
 
 def test_unreadable_log_is_exit_2(tmp_path):
     proc = run_script("compare", tmp_path / "missing.log", "--json")
-    assert proc.returncode == 2 and proc.stdout == ""
-    assert "no such file" in proc.stderr
+    assert proc.returncode == 2 and "no such file" in proc.stderr
+    assert json.loads(proc.stdout) == {"error": {"field": str(tmp_path / "missing.log"),
+                                                 "message": "no such file", "exit": 2}}
 
 
 def test_same_run_name_twice_is_bad_input():
@@ -183,7 +182,8 @@ def test_control_that_ooms_is_compared_at_the_matched_point():
     assert round(rows["moe_act"]["delta_peak_pct"], 2) == -6.33          # published: -6.33%
     assert rows["moe"]["status"] == "pass" and rows["moe"]["peak_allocated_gb"] == 64.653
     # six one-decimal values cannot average to exactly 657.42: the fixture is within 0.01 ms
-    assert rows["moe"]["step_time_ms"] == pytest.approx(657.42, abs=0.01) and rows["moe"]["steady_window"] == [7, 12]
+    assert rows["moe"]["step_time_ms"] == pytest.approx(657.42, abs=0.01)
+    assert rows["moe"]["steady_window"] == [7, 12]
     assert out["narrowest"] == "moe"
 
 
@@ -264,7 +264,8 @@ logger:
 def test_config_dumps_that_differ_only_in_recompute_are_matched(tmp_path):
     paths = _copy_sweep(tmp_path)
     for name, mods in (("empty", "[]"), ("moe_act", "[moe_act]")):
-        (tmp_path / name / "ConfigContainer.yaml").write_text(CONFIG_DUMP.format(seq=4096, modules=mods, name=name))
+        (tmp_path / name / "ConfigContainer.yaml").write_text(
+            CONFIG_DUMP.format(seq=4096, modules=mods, name=name))
     runs = [runlog.parse_file(p) for p in paths]
     assert runs[0].config["model.seq_length"] == 4096            # the python tag is read, not executed
     assert compare.match(runs[1], runs[0]) == []
@@ -272,7 +273,8 @@ def test_config_dumps_that_differ_only_in_recompute_are_matched(tmp_path):
 
 def test_config_dump_with_another_sequence_length_is_unmatched(tmp_path):
     paths = _copy_sweep(tmp_path)
-    (tmp_path / "empty" / "ConfigContainer.yaml").write_text(CONFIG_DUMP.format(seq=4096, modules="[]", name="e"))
+    (tmp_path / "empty" / "ConfigContainer.yaml").write_text(
+        CONFIG_DUMP.format(seq=4096, modules="[]", name="e"))
     (tmp_path / "moe_act" / "ConfigContainer.yaml").write_text(
         CONFIG_DUMP.format(seq=8192, modules="[moe_act]", name="m"))
     proc = run_script("compare", *paths, "--json")
@@ -285,6 +287,6 @@ def test_logs_with_the_same_file_name_are_named_after_their_directories(tmp_path
     for d in ("empty", "moe_act"):
         (tmp_path / d).mkdir()
         shutil.copy(FIXTURES / "pass.log", tmp_path / d / "slurm.out")
-    out = json.loads(run_script("compare", tmp_path / "empty" / "slurm.out", tmp_path / "moe_act" / "slurm.out",
-                                "--json").stdout)
+    logs = (tmp_path / "empty" / "slurm.out", tmp_path / "moe_act" / "slurm.out")
+    out = json.loads(run_script("compare", *logs, "--json").stdout)
     assert [r["name"] for r in out["runs"]] == ["empty", "moe_act"] and out["control"] == "empty"

@@ -6,6 +6,8 @@ import json
 import subprocess
 import sys
 
+import pytest
+
 from conftest import ROOT, SCRIPTS, run_script
 
 FIXTURES = ROOT / "tests" / "fixtures" / "logs"
@@ -13,10 +15,7 @@ sys.path.insert(0, str(FIXTURES))
 
 import logformat as lf  # noqa: E402
 
-from mbridge_recompute.logs import (
-    diagnose,  # noqa: E402
-    runlog,
-)
+from mbridge_recompute.logs import diagnose, runlog  # noqa: E402
 
 GIB = lf.GIB
 CAP = 79.11 * GIB
@@ -89,8 +88,10 @@ def test_oom_before_any_iteration_without_a_traceback_is_unknown():
 
 def test_memory_outside_pytorch_is_reported():
     msg = lf.oom_message(2 * GIB, CAP, 0.3 * GIB, 60.0 * GIB, 0.2 * GIB, in_use=78.0 * GIB)
-    msg = msg.replace("Including non-PyTorch", "Process 999 has 9.00 GiB memory in use. Including non-PyTorch")
-    rep = diagnose.diagnose(runlog.parse_lines([lf.iteration_line(1, 20, 3000.0)] + lf.traceback(lf.FORWARD, msg)))
+    other = "Process 999 has 9.00 GiB memory in use. Including non-PyTorch"
+    msg = msg.replace("Including non-PyTorch", other)
+    lines = [lf.iteration_line(1, 20, 3000.0)] + lf.traceback(lf.FORWARD, msg)
+    rep = diagnose.diagnose(runlog.parse_lines(lines))
     ev = rep["findings"][0]["evidence"]
     assert "17.80 GiB of this process is outside PyTorch" in ev
     assert "other processes hold 9.00 GiB" in ev
@@ -140,7 +141,9 @@ def test_no_input_or_missing_file_is_exit_2(tmp_path):
     proc = run_script("diagnose")
     assert proc.returncode == 2 and proc.stderr.startswith("error: LOG:")
     proc = run_script("diagnose", tmp_path / "nope.log", "--json")
-    assert proc.returncode == 2 and proc.stdout == "" and "no such file" in proc.stderr
+    assert proc.returncode == 2 and "no such file" in proc.stderr
+    # --json: the one error object on stdout too
+    assert json.loads(proc.stdout)["error"]["exit"] == 2
 
 
 def test_guide_examples_are_diagnosed_as_their_names_say():
@@ -203,3 +206,73 @@ def test_oom_in_a_later_optimizer_step_is_static():
     lines += lf.traceback(lf.OPTIMIZER_STEP, lf.oom_message(GIB, CAP, 0.3 * GIB, 77 * GIB, 0.2 * GIB))
     f = diagnose.diagnose(runlog.parse_lines(lines))["findings"][0]
     assert (f["kind"], f["stage"], f["iteration"]) == ("static", "optimizer-step", 4)
+
+
+# ---------------------------------------------------------------- only what the text says
+
+PASTED = ("torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0 has a total "
+          "capacity of 79.11 GiB of which 1.20 GiB is free. Of the allocated memory 76.10 GiB is allocated "
+          "by PyTorch, and 317.44 MiB is reserved by PyTorch but unallocated.")
+
+
+def test_a_pasted_oom_message_states_no_iteration_and_no_rank():
+    proc = run_script("diagnose", "--message", PASTED, "--json")
+    f = json.loads(proc.stdout)["findings"][0]
+    assert f["iteration"] is None and f["oom"]["rank"] is None
+    assert "iteration 1" not in f["evidence"] and "rank" not in f["evidence"]
+    assert "before any logged iteration" in f["evidence"]
+
+
+def test_numbers_that_rule_fragmentation_out_say_so_and_point_to_plan():
+    """0.31 GiB reserved-but-unallocated cannot hold a 2 GiB request however the blocks lie."""
+    f = json.loads(run_script("diagnose", "--message", PASTED, "--json").stdout)["findings"][0]
+    assert f["kind"] == "unknown"
+    assert "not fragmentation: only 0.31 GiB is reserved but unallocated, less than the 2.00 GiB request" \
+        in f["evidence"]
+    assert "plan.py" in f["next_action"] and "static/activation split" in f["next_action"]
+
+
+def test_ansi_colour_codes_neither_hide_the_stage_nor_reach_the_terminal(tmp_path):
+    red, reset = "\x1b[31m", "\x1b[0m"
+    lines = [lf.iteration_line(1, 20, 3000.0)] + [
+        f"{red}{ln}{reset}" for ln in lf.traceback(lf.BACKWARD, lf.oom_message(GIB, CAP, 0.2 * GIB, 76 * GIB,
+                                                                               0.1 * GIB))]
+    log = tmp_path / "colour.log"
+    log.write_text("\n".join(lines) + "\n")
+    f = json.loads(run_script("diagnose", log, "--json").stdout)["findings"][0]
+    assert (f["kind"], f["stage"], f["iteration"]) == ("activations", "backward", 2)
+    text = run_script("diagnose", log).stdout
+    assert "\x1b" not in text and "backward" in text
+    # a control sequence that survives in a message is shown as text, never sent to the terminal
+    text = run_script("diagnose", "--message", PASTED + " \x1b]0;pwned\x07 \x1b[2J").stdout
+    assert "\x1b" not in text and "\x07" not in text
+
+
+@pytest.mark.parametrize("encode", [
+    lambda t: t.encode("utf-16"),                      # PowerShell's `>` (with a BOM)
+    lambda t: t.encode("utf-16-le"),                   # ... without one
+    lambda t: t.replace("\n", "\r").encode(),          # CR-only line ends
+    lambda t: t.replace("\n", "\r\n").encode("utf-8-sig"),
+])
+def test_utf16_and_cr_only_logs_parse(tmp_path, encode):
+    log = tmp_path / "odd.log"
+    log.write_bytes(encode((FIXTURES / "oom_backward.log").read_text()))
+    proc = run_script("diagnose", log, "--json")
+    f = json.loads(proc.stdout)["findings"][0]
+    assert proc.returncode == 0 and (f["kind"], f["stage"], f["iteration"]) == ("activations", "backward", 3)
+
+
+@pytest.mark.parametrize("target", ["/dev/zero", "/dev/null"])
+def test_a_device_is_not_read_as_a_log(target):
+    proc = run_script("diagnose", target, "--json", timeout=20)
+    assert proc.returncode == 2 and "not a regular file" in proc.stderr
+    assert json.loads(proc.stdout)["error"]["exit"] == 2
+
+
+def test_an_empty_log_or_empty_stdin_is_unreadable_input(tmp_path):
+    (tmp_path / "empty.log").write_text("")
+    proc = run_script("diagnose", tmp_path / "empty.log")
+    assert proc.returncode == 2 and proc.stderr.endswith("is empty\n")
+    proc = subprocess.run([sys.executable, str(SCRIPTS / "diagnose.py"), "-"], input="", capture_output=True,
+                          text=True)
+    assert proc.returncode == 2 and proc.stderr == "error: stdin: is empty\n"

@@ -50,7 +50,8 @@ RAISED = [
      "tensors by default. It needs transformer-engine>=2.6.0dev0.", "save-original-input-needs-te-2-6"),
     ("NotImplementedError: set_for_recompute_input_layernorm is not implemented.",
      "layernorm-recompute-attention-override"),
-    ("AssertionError: num_layers should be divisible by pipeline_model_parallel_size", "pp-does-not-divide-layers"),
+    ("AssertionError: num_layers should be divisible by pipeline_model_parallel_size",
+     "pp-does-not-divide-layers"),
     # megatron/training/arguments.py
     ("AssertionError: recompute method is not yet supported for selective recomputing granularity",
      "selective-with-method"),
@@ -91,8 +92,8 @@ RAISED = [
     ("AssertionError: disable full recomputation when enabling overlap_moe_expert_parallel_comm",
      "ep-overlap-with-full"),
     # Megatron-LM main only
-    ("ValueError: 'mhc' and 'mlp' in recompute_modules cannot be used together. They use different checkpoint "
-     "mechanisms that may conflict.", "mhc-with-mlp"),
+    ("ValueError: 'mhc' and 'mlp' in recompute_modules cannot be used together. They use different "
+     "checkpoint mechanisms that may conflict.", "mhc-with-mlp"),
     ("ValueError: 'mhc' in recompute_modules requires enable_mhc_connections=True.", "mhc-needs-connections"),
 ]
 
@@ -113,14 +114,15 @@ def test_recompute_error_string_maps_to_its_cause_fix_and_source(text, fid):
 
 
 def test_error_with_the_launcher_prefix_is_still_recognised():
-    f = one("[default3]:[rank3]: ValueError: Delayed scaling does not support moe_act and layernorm recompute "
-            "for fp8.")
+    f = one("[default3]:[rank3]: ValueError: Delayed scaling does not support moe_act and layernorm "
+            "recompute for fp8.")
     assert f["constraint_id"] == "fp8-delayed-moe-act-layernorm"
 
 
 def test_uniform_index_error_is_recognised_from_its_frames():
     frames = [(f"{MC}/transformer/transformer_block.py", 530, "_checkpointed_forward", "checkpoint_handler("),
-              (f"{MC}/transformer/transformer_block.py", 444, "_get_layer", "return self.layers[layer_number]"),
+              (f"{MC}/transformer/transformer_block.py", 444, "_get_layer",
+               "return self.layers[layer_number]"),
               ("/torch/nn/modules/container.py", 370, "__getitem__", "raise IndexError(...)")]
     f = one("\n".join(lf.traceback(frames, "IndexError: index 7 is out of range")))
     assert f["constraint_id"] == "uniform-num-layers-not-dividing-chunk"
@@ -165,7 +167,8 @@ def test_every_card_message_is_recognised_by_its_constraint_id(c):
     rep = diagnose.diagnose(runlog.parse_text(f"AssertionError: {_filled(c['message'])}\n"))
     f = next(f for f in rep["findings"] if f["kind"] in ("config", "runtime"))
     assert f["constraint_id"] == c["id"]
-    assert f["next_action"] == c["fix"] and f["source"] == card.citations(c["id"], c["releases"])
+    # the card's fix first (diagnose may add what the log shows, e.g. drop -rl)
+    assert f["next_action"].startswith(c["fix"]) and f["source"] == card.citations(c["id"], c["releases"])
 
 
 def test_runtime_table_does_not_repeat_a_card_message():
@@ -178,7 +181,8 @@ def test_runtime_table_does_not_repeat_a_card_message():
 
 
 def test_a_message_the_card_carries_is_matched_through_the_card(monkeypatch):
-    """When the card gains a string this table also has, the card's entry answers and the table's drops out."""
+    """When the card gains a string this table also has, the card's entry answers and the table's
+    drops out."""
     grad = next(s for s in signatures.RUNTIME if s.id == "checkpoint-with-autograd-grad")
     fake = {"id": "grad-in-card", "kind": "runtime", "severity": "error", "condition": "c", "fix": "card fix",
             "at": {"0.16": "rnd:539"}, "message": grad.message}
@@ -204,9 +208,10 @@ def test_runtime_table_entries_cite_their_source():
 
 
 def test_warning_alone_is_reported_but_explains_nothing():
-    text = ("UserWarning: If you are using transformer_engine as the transformer implementation, the core_attn "
-            "is from transformer_engine and may be the fused version. For fused attention, you have no need to "
-            "set 'core_attn' to recompute. Please check that the core_attn recompute is really needed.")
+    text = ("UserWarning: If you are using transformer_engine as the transformer implementation, the "
+            "core_attn is from transformer_engine and may be the fused version. For fused attention, you "
+            "have no need to set 'core_attn' to recompute. Please check that the core_attn recompute is "
+            "really needed.")
     proc = run_script("diagnose", "--message", "/x/transformer_config.py:1224: " + text, "--json")
     assert proc.returncode == 1
     f = json.loads(proc.stdout)["findings"][0]
@@ -238,7 +243,8 @@ def test_cli_classifies_a_pasted_assertion_with_exit_0():
 
 def test_oom_findings_come_before_error_findings():
     lines = [lf.iteration_line(1, 20, 3000.0)]
-    lines += lf.traceback(lf.BACKWARD, lf.oom_message(2 * lf.GIB, 79 * lf.GIB, lf.GIB, 76 * lf.GIB, 0.1 * lf.GIB))
+    msg = lf.oom_message(2 * lf.GIB, 79 * lf.GIB, lf.GIB, 76 * lf.GIB, 0.1 * lf.GIB)
+    lines += lf.traceback(lf.BACKWARD, msg)
     lines += ["NameError: name 'FP8GlobalStateManager' is not defined"]
     rep = diagnose.diagnose(runlog.parse_lines(lines))
     assert [f["kind"] for f in rep["findings"]] == ["activations", "runtime"]
@@ -267,3 +273,62 @@ def test_a_head_shared_by_two_messages_decides_nothing():
     assert match_line(head + " {x}", (a,)) is a
     assert match_line(head + " {x}", (a, b)) is None
     assert match_line(head + " y second", (a, b)) is b
+
+
+# ---------------------------------------------------------------- the harness command line
+
+@pytest.mark.parametrize("message,sig_id", [
+    # a space-separated second label, where a parser takes its arguments in full
+    ("run_script.py: error: unrecognized arguments: moe_act", "argparse-unrecognized-arguments"),
+    ("run_script.py: error: argument --task: invalid choice: 'peft' (choose from 'pretrain', 'sft', 'lora')",
+     "argparse-invalid-choice"),
+    ("bootstrap.py: error: argument --recompute_modules: expected one argument",
+     "argparse-expected-one-argument"),
+    # what Bridge's harness really does with a second label: Hydra gets it (parse_known_args)
+    ("omegaconf.errors.OverridesError: Failed to parse Hydra overrides: Error parsing override 'layernorm'",
+     "hydra-override-parse-error"),
+])
+def test_the_harness_command_line_errors_are_recognised(message, sig_id):
+    rep = diagnose.diagnose(runlog.parse_text(message + "\n"))
+    assert [f.get("id") for f in rep["findings"]] == [sig_id] and rep["explained"]
+
+
+def test_a_bare_word_hydra_could_not_parse_points_at_the_space_separated_labels():
+    log = ("megatron.bridge.training.utils.omegaconf_utils.OverridesError: Failed to parse Hydra overrides: "
+           "Error parsing override 'b'\nmissing EQUAL at '<EOF>'\n")
+    f = diagnose.diagnose(runlog.parse_text(log))["findings"][0]
+    assert "missing EQUAL" in f["evidence"] and "comma" in f["next_action"]
+
+
+def test_rl_beside_recompute_modules_is_fixed_by_dropping_rl_not_by_hydra_nulls():
+    """argparse is applied after Hydra at every release (run_script.py:76-79 @ 067f987, :86-87 @ v0.5.1)."""
+    log = ("torchrun --nproc_per_node 8 scripts/performance/bootstrap.py -m llama -rl 4 "
+           "--recompute_modules mlp model.recompute_method=null\n"
+           "ValueError: When using recompute_granularity: selective recompute_num_layers must be None.\n")
+    f = diagnose.diagnose(runlog.parse_text(log))["findings"][0]
+    assert f["next_action"].startswith("drop -rl") and "cannot undo -rl" in f["next_action"]
+    # a pasted message alone: the card's fix (a recipe's leftover), and what to do when -rl was given
+    f = diagnose.diagnose(runlog.parse_text(log.splitlines()[1] + "\n"))["findings"][0]
+    assert f["next_action"].startswith("set recompute_num_layers=null") and "drop -rl" in f["next_action"]
+
+
+def test_a_list_flag_given_twice_is_a_warning_naming_what_argparse_drops():
+    log = "python bootstrap.py -m x --recompute_modules core_attn --recompute_modules moe_act\n"
+    rep = diagnose.diagnose(runlog.parse_text(log))
+    f = rep["findings"][0]
+    assert f["id"] == "list-flag-given-twice" and f["severity"] == "warning" and not rep["explained"]
+    assert "keeps only the last" in f["next_action"]
+
+
+def test_the_run_dirs_manifest_argv_is_read_too(tmp_path):
+    run = tmp_path / "core_attn"
+    run.mkdir()
+    (run / "log.txt").write_text("ValueError: When using recompute_granularity: selective "
+                                 "recompute_num_layers must be None.\n")
+    (run / "manifest.json").write_text(json.dumps({"name": "core_attn", "argv": [
+        "torchrun", "scripts/performance/bootstrap.py", "-rl", "2", "--recompute_modules", "core_attn"]}))
+    proc = run_script("diagnose", run, "--json")
+    f = json.loads(proc.stdout)["findings"][0]
+    assert proc.returncode == 0 and f["next_action"].startswith("drop -rl")
+    text = run_script("diagnose", run).stdout
+    assert "[selective-with-num-layers]" in text and "drop -rl" in text

@@ -26,9 +26,10 @@ FAST = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCh
 # fragments of real lines, so random bytes often land next to something parseable
 VOCAB = [b"iteration ", b"/ ", b"| ", b"lm loss: ", b"nan", b"INF", b"grad norm: ", b"[Rank ", b"] (after ",
          b" iterations) memory (GB) | ", b"mem-max-allocated-gigabytes: ", b"memory (MB) | allocated: ",
-         b"Step Time : ", b"s GPU utilization: ", b"MODEL_TFLOP/s/GPU", b"CUDA out of memory. Tried to allocate ",
-         b" GiB", b" MiB", b"Traceback (most recent call last):\n", b'  File "x.py", line 3, in backward\n',
-         b"[default3]:", b"7: ", b"Theoretical memory footprints: weight and optimizer=", b" MB", b"\n", b"\r\n",
+         b"Step Time : ", b"s GPU utilization: ", b"MODEL_TFLOP/s/GPU",
+         b"CUDA out of memory. Tried to allocate ", b" GiB", b" MiB", b"Traceback (most recent call last):\n",
+         b'  File "x.py", line 3, in backward\n', b"[default3]:", b"7: ",
+         b"Theoretical memory footprints: weight and optimizer=", b" MB", b"\n", b"\r\n",
          b"\xff\xfe", b"\xc3", b"ValueError: ", b"AssertionError", b"[after training is done]", b"1", b"20",
          b"1e400", b"-", b".", b"Of the allocated memory ", b" is reserved by PyTorch but unallocated"]
 
@@ -45,20 +46,21 @@ def test_parser_never_crashes_on_arbitrary_bytes(data):
 
 
 @FAST
-@given(st.lists(st.sampled_from(["1.2.3", "1e400", "nan", "-", "99999999999999999999", "0", "7"]), min_size=12,
-                max_size=12))
+@given(st.lists(st.sampled_from(["1.2.3", "1e400", "nan", "-", "99999999999999999999", "0", "7"]),
+                min_size=12, max_size=12))
 def test_malformed_numbers_in_every_field_do_not_crash(nums):
     a = iter(nums)
-    lines = [f"Theoretical memory footprints: weight and optimizer={next(a)} MB, activation={next(a)} MB, total=1 MB",
+    lines = [f"Theoretical memory footprints: weight and optimizer={next(a)} MB, "
+             f"activation={next(a)} MB, total=1 MB",
              f"Total number of parameters in billions: {next(a)}",
              f"[Rank 0] (after 2 iterations) memory (GB) | mem-max-allocated-gigabytes: {next(a)} | "
              f"mem-max-reserved-gigabytes: {next(a)}",
              f"[Rank 1] (after 2 iterations) memory (MB) | allocated: {next(a)} | max allocated: {next(a)} | "
              f"reserved: 1 | max reserved: 2",
              f"Step Time : {next(a)}s GPU utilization: {next(a)}MODEL_TFLOP/s/GPU",
-             f"torch.OutOfMemoryError: CUDA out of memory. Tried to allocate {next(a)} GiB. GPU 0 has a total "
-             f"capacity of {next(a)} GiB of which 1 GiB is free. Of the allocated memory {next(a)} GiB is allocated "
-             "by PyTorch, and 1 GiB is reserved by PyTorch but unallocated.",
+             f"torch.OutOfMemoryError: CUDA out of memory. Tried to allocate {next(a)} GiB. GPU 0 has a "
+             f"total capacity of {next(a)} GiB of which 1 GiB is free. Of the allocated memory {next(a)} "
+             "GiB is allocated by PyTorch, and 1 GiB is reserved by PyTorch but unallocated.",
              lf.iteration_line(2, 2, 400.0)]
     run = runlog.parse_lines(lines)
     json.dumps(compare.compare([run]), allow_nan=False)
@@ -77,7 +79,8 @@ def _rank_streams():
     rank7 = []
     for it in range(1, 9):
         rank7.append(lf.iteration_line(it, 8, 450.0 + it, loss=11.0 - 0.1 * it))
-    rank0 = last + [lf.memory_line(0, 1, 20.0, 30.0, 33.0, 34.0), lf.memory_line(0, 2, 21.0, 31.5, 33.5, 35.0)]
+    rank0 = last + [lf.memory_line(0, 1, 20.0, 30.0, 33.0, 34.0),
+                    lf.memory_line(0, 2, 21.0, 31.5, 33.5, 35.0)]
     rank0 += [lf.step_time_line(0.45, 77.0 + i / 10) for i in range(7)]
     rank2 = [lf.memory_line(2, 1, 20.5, 30.9, 33.0, 34.2), lf.memory_line(2, 2, 21.5, 32.25, 34.0, 35.5)]
     return {0: rank0, 2: rank2, 7: rank7}
@@ -127,7 +130,9 @@ def test_oom_sizes_round_trip_through_the_pytorch_format(nbytes, gpu):
 
 @st.composite
 def interleaved_tracebacks(draw):
-    msg = lambda gpu, alloc: lf.oom_message(lf.GIB, 80 * lf.GIB, 0.2 * lf.GIB, alloc * lf.GIB, 0.1 * lf.GIB, gpu=gpu)  # noqa: E731
+    def msg(gpu, alloc):
+        return lf.oom_message(lf.GIB, 80 * lf.GIB, 0.2 * lf.GIB, alloc * lf.GIB, 0.1 * lf.GIB, gpu=gpu)
+
     streams = {3: lf.traceback(lf.BACKWARD, msg(3, 70)), 5: lf.traceback(lf.FORWARD, msg(5, 71)),
                7: [lf.iteration_line(1, 20, 4000.0)]}
     style = draw(st.sampled_from(["[default{}]:", "[rank{}]: ", "{}: "]))

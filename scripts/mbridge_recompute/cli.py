@@ -3,12 +3,25 @@
 Each subcommand lives in `commands/<name>.py` with `add_arguments(parser)` and
 `run(args) -> int`. Only the chosen subcommand's module is imported, so start-up
 stays light (no torch, no megatron) for every tool that does not need them.
+
+The exit-code and JSON contract is kept here, once, for every tool
+(references/cli-reference.md, "Conventions"):
+
+* an `InputError` (exit 2) or `Rejected` (exit 1) becomes one `error: FIELD: REASON` line on
+  stderr and, with `--json`, one `{"error": {"field", "message", "exit"}}` object on stdout;
+  argparse's own errors (unknown option, bad value) take the same path;
+* `note:` lines a tool wrote to stderr before it failed are dropped, so a failure prints exactly
+  one line there (a note is kept when anything else follows it, or when the tool succeeds);
+* input that defeats a reader anyway (nesting past the recursion limit, an integer past
+  Python's 4300-digit conversion limit, more data than memory) is bad input, not a traceback.
 """
 
 from __future__ import annotations
 
 import argparse
 import importlib
+import json
+import re
 import sys
 from pathlib import Path
 
@@ -25,13 +38,78 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "diagnose": ("diagnose", "classify an OOM or recompute error from a log or a message"),
     "tests": ("tests", "run recompute-focused tests and judge them (zero selected is a failure)"),
 }
+EXIT_INTERRUPTED = 130
+
+# argparse: "argument --timeout: invalid float value: 'x'", "unrecognized arguments: --x y",
+# "the following arguments are required: --repo, --candidates"
+_ARG_FIELD = re.compile(r"^argument ([^:]+?)(?:/[^:]*)?: ")
+_REQUIRED = re.compile(r"^the following arguments are required: ([^,\s]+)")
+_UNRECOGNISED = re.compile(r"^unrecognized arguments: (\S+)")
 
 
 class _Parser(argparse.ArgumentParser):
-    """argparse that exits 2 with one line (no usage dump) on bad options."""
+    """argparse whose errors go through the one error path (exit 2, one line, JSON with --json)."""
 
     def error(self, message: str) -> None:  # noqa: D401 - argparse API
-        self.exit(EXIT_BAD_INPUT, f"error: {self.prog}: {message}\n")
+        field = self.prog
+        for pattern in (_ARG_FIELD, _REQUIRED, _UNRECOGNISED):
+            m = pattern.match(message)
+            if m:
+                field = m.group(1)
+                break
+        raise InputError(field, message if field == self.prog else f"{message} ({self.prog})")
+
+
+class _NoteGate:
+    """stderr that holds back `note:` lines until something else is written or the tool ends.
+
+    A failing tool then prints its one error line alone; on success the notes come out in order.
+    Everything that is not a note (pytest output, launch progress) passes straight through.
+    """
+
+    def __init__(self, inner):
+        self.inner = inner
+        self.pending: list[str] = []
+        self.partial = ""
+
+    def write(self, text: str) -> int:
+        self.partial += text
+        while "\n" in self.partial:
+            line, self.partial = self.partial.split("\n", 1)
+            self._line(line + "\n")
+        return len(text)
+
+    def _line(self, line: str) -> None:
+        if line.startswith("note:"):
+            self.pending.append(line)
+            return
+        self._release()
+        self.inner.write(line)
+
+    def _release(self) -> None:
+        for note in self.pending:
+            self.inner.write(note)
+        self.pending.clear()
+
+    def flush(self) -> None:
+        if self.partial and not self.partial.startswith("note:"[:len(self.partial)]):
+            self._release()
+            self.inner.write(self.partial)
+            self.partial = ""
+        self.inner.flush()
+
+    def close_gate(self, drop_notes: bool) -> None:
+        if drop_notes:
+            self.pending.clear()
+        else:
+            self._release()
+        if self.partial and not (drop_notes and self.partial.startswith("note:")):
+            self.inner.write(self.partial)
+        self.partial = ""
+        self.inner.flush()
+
+    def __getattr__(self, name):          # fileno, isatty, encoding, buffer ...
+        return getattr(self.inner, name)
 
 
 def _top_parser() -> argparse.ArgumentParser:
@@ -65,19 +143,75 @@ def build_parser(name: str):
     return parser, module
 
 
-def main(argv: list[str] | None = None) -> None:
-    argv = list(sys.argv[1:] if argv is None else argv)
+def wants_json(argv: list) -> bool:
+    """Whether the command line asks for JSON (before any `--`; argparse also takes `--js`)."""
+    for tok in argv:
+        if tok == "--":
+            return False
+        if len(tok) >= 4 and "--json".startswith(tok):
+            return True
+    return False
+
+
+def _limit_error(exc: BaseException):
+    """The InputError for input that defeated a reader, or None when `exc` is not such a case."""
+    if isinstance(exc, RecursionError):
+        return InputError("input", "nested too deeply to read (more levels than the reader allows)")
+    if isinstance(exc, MemoryError):
+        return InputError("input", "too large to hold in memory")
+    if isinstance(exc, ValueError) and "integer string conversion" in str(exc):
+        return InputError("input", "holds an integer with more than 4300 digits")
+    return None
+
+
+def _run(argv: list) -> int:
     if not argv or argv[0] not in SUBCOMMANDS:
         _top_parser().parse_args(argv[:1] if argv else ["--help"])
-        return
+        return 0
     parser, module = build_parser(argv[0])
     args = parser.parse_args(argv[1:])
+    return module.run(args)
+
+
+def _fail(exc: InputError, as_json: bool) -> int:
+    sys.stderr.write(exc.line() + "\n")
+    if as_json:
+        sys.stdout.write(json.dumps(exc.to_dict()) + "\n")
+    return exc.exit_code
+
+
+def main(argv: list[str] | None = None) -> None:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    as_json = wants_json(argv[1:])
+    gate = _NoteGate(sys.stderr)
+    sys.stderr = gate
+    failed = False
     try:
-        code = module.run(args)
+        try:
+            code = _run(argv)
+        except (RecursionError, MemoryError, ValueError) as exc:
+            limit = _limit_error(exc)
+            if limit is None:
+                raise
+            raise limit from None
     except InputError as exc:
-        sys.stderr.write(exc.line() + "\n")
-        code = EXIT_BAD_INPUT
+        failed = True
+        gate.close_gate(drop_notes=True)
+        code = _fail(exc, as_json)
     except KeyboardInterrupt:
-        sys.stderr.write("interrupted\n")
-        code = 130
+        failed = True
+        gate.close_gate(drop_notes=False)
+        sys.stderr.write("error: interrupted\n")
+        if as_json:
+            sys.stdout.write(json.dumps({"error": {"field": None, "message": "interrupted",
+                                                   "exit": EXIT_INTERRUPTED}}) + "\n")
+        code = EXIT_INTERRUPTED
+    finally:
+        if not failed:
+            gate.close_gate(drop_notes=False)
+        sys.stderr = gate.inner
+    sys.stdout.flush()
     sys.exit(code)
+
+
+__all__ = ["EXIT_BAD_INPUT", "SUBCOMMANDS", "build_parser", "main", "wants_json"]

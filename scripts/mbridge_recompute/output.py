@@ -1,13 +1,54 @@
 """Printing a report: one JSON object on stdout with --json, readable text otherwise.
 
-Reports are plain dicts built by the logic modules; this module only renders.
+Reports are plain dicts built by the logic modules; this module only renders. Two rules hold
+for every text report:
+
+* nothing from a log reaches the terminal as a control sequence: escape characters and other
+  C0 controls (ANSI colours, cursor moves, a bell) are shown as `\\x1b`-style text;
+* a Hydra override or an argv token a person may paste is shell-quoted when it holds a
+  character the shell would act on (`[ ] { } * ? $` spaces, quotes, ...): `shell_token`,
+  `shell_line` and `quote_overrides`.
 """
 
 from __future__ import annotations
 
 import json
+import re
+import shlex
 import sys
 from typing import Any, Callable, Iterable, Sequence
+
+_CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f\x9b]")
+# a dotted Hydra key=value (model.recompute_modules=[], ++train.x=1) as one word of prose
+_OVERRIDE_WORD = re.compile(r"(?<!\S)((?:\+\+|\+|~)?[A-Za-z_]\w*(?:\.\w+)+=\S*)")
+_SAFE_TOKEN = re.compile(r"[\w@%+=:,./-]+")
+
+
+def safe_text(text: str) -> str:
+    """`text` without terminal control sequences (newlines and tabs stay)."""
+    return _CONTROL.sub(lambda m: f"\\x{ord(m.group(0)):02x}", text)
+
+
+def shell_token(token: str) -> str:
+    """One argv token as a shell reads it back unchanged."""
+    token = str(token)
+    return token if token and _SAFE_TOKEN.fullmatch(token) else shlex.quote(token)
+
+
+def shell_line(argv: Iterable[str]) -> str:
+    return " ".join(shell_token(t) for t in argv)
+
+
+def quote_overrides(text: str) -> str:
+    """Shell-quote every Hydra override in prose that the shell would otherwise expand."""
+    def repl(m: re.Match) -> str:
+        tok, trail = m.group(1), ""
+        # sentence punctuation after the override is not part of it (a bracket of the value is)
+        while tok and (tok[-1] in ".,;:" or (tok[-1] == ")" and tok.count("(") < tok.count(")"))):
+            trail = tok[-1] + trail
+            tok = tok[:-1]
+        return shell_token(tok) + trail
+    return _OVERRIDE_WORD.sub(repl, text)
 
 
 def emit(report: Any, as_json: bool, text: Callable[[Any], str]) -> None:
@@ -16,7 +57,7 @@ def emit(report: Any, as_json: bool, text: Callable[[Any], str]) -> None:
         data = report.to_dict() if hasattr(report, "to_dict") else report
         sys.stdout.write(json.dumps(data, indent=2, sort_keys=False, default=str) + "\n")
     else:
-        out = text(report)
+        out = safe_text(text(report))
         sys.stdout.write(out if out.endswith("\n") else out + "\n")
 
 
@@ -35,6 +76,5 @@ def table(headers: Sequence[str], rows: Iterable[Sequence[Any]], align: str | No
     return "\n".join(lines)
 
 
-
 def warn(message: str) -> None:
-    sys.stderr.write(message.rstrip("\n") + "\n")
+    sys.stderr.write(safe_text(message.rstrip("\n")) + "\n")

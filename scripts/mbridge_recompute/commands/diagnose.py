@@ -21,12 +21,19 @@ kinds:
   config         a configuration rule (card constraint id and its fix)
   runtime        a failure raised while training (missing Transformer Engine, uniform
                  recompute index error, MoE TP without SP, ...)
+  config         also the harness command line: argparse's "unrecognized arguments",
+                 "invalid choice", "expected one argument"; Hydra's "Error parsing
+                 override 'X'" (a space-separated second label); a list flag given twice;
+                 -rl beside --recompute_modules (the fix is to drop -rl)
   unknown        an exception this tool does not recognise
 
 exit status:
   0  at least one finding explains a failure
   1  nothing recognisable (warnings and unknown exceptions alone do not count)
-  2  the log cannot be read or no input was given
+  2  the log cannot be read (missing, empty, not a regular file) or no input was given
+
+Only what the text shows is stated: an OOM with no iteration logged before it has no
+iteration number, and a rank is named only when a launcher prefix gives one.
 """
 
 
@@ -45,20 +52,28 @@ def run(args) -> int:
 
     if args.log is None and args.message is None:
         raise InputError("LOG", "give a log file, '-' for stdin, or --message TEXT")
-    texts, name = [], "message"
+    texts, name, manifest = [], "message", None
     if args.log == "-":
-        data = sys.stdin.buffer.read()
-        texts.append(data.decode("utf-8", errors="replace"))
+        from mbridge_recompute.files import read_stream
+
+        text, _, _ = runlog.decode_log(read_stream(sys.stdin.buffer, "stdin"))
+        if not text.strip():
+            raise InputError("stdin", "is empty")
+        texts.append(text)
         name = "stdin"
     elif args.log is not None:
-        text, _ = runlog.read_text(runlog.log_of(args.log))
+        path = runlog.log_of(args.log)
+        text, _ = runlog.read_text(path)
         texts.append(text)
         name = args.log
+        # a harness run directory: its manifest's argv tells what the run was started with
+        manifest = runlog.read_manifest(path)
     if args.message is not None:
         if not args.message.strip():
             raise InputError("--message", "is empty")
         texts.append(args.message)
     run_ = runlog.parse_text("\n".join(t.rstrip("\n") for t in texts) + "\n", name=name, path=name)
+    run_.manifest = manifest
     report = diagnose.diagnose(run_)
     emit(report, args.json, diagnose.render_text)
     return EXIT_OK if report["explained"] else EXIT_PROBLEM

@@ -31,7 +31,7 @@ import math
 from functools import reduce
 from typing import Optional
 
-from mbridge_recompute.errors import InputError
+from mbridge_recompute.errors import InputError, Rejected
 from mbridge_recompute.logs.runlog import RunLog
 
 STATUSES = ("pass", "oom", "nan", "incomplete")
@@ -98,7 +98,9 @@ def summarize(run: RunLog, steady_from: Optional[int] = None, fraction: float = 
         status = "oom"
         first_oom = min(run.ooms, key=lambda o: o.line)
         stage = first_oom.stage
-        notes.append(f"OOM in {first_oom.stage} of iteration {first_oom.iteration} (line {first_oom.line})")
+        when = (f"of iteration {first_oom.iteration}" if first_oom.iteration is not None
+                else "before any logged iteration")
+        notes.append(f"OOM in {first_oom.stage} {when} (line {first_oom.line})")
     elif non_finite or run.nan_iterations:
         status = "nan"
         if non_finite:
@@ -120,7 +122,8 @@ def summarize(run: RunLog, steady_from: Optional[int] = None, fraction: float = 
         notes.append("an iteration line was cut (truncated log)")
     hstatus = (run.manifest or {}).get("status")
     if hstatus and hstatus != "ok":
-        notes.append(f"the harness recorded status {hstatus!r} (returncode {(run.manifest or {}).get('returncode')})")
+        code = (run.manifest or {}).get("returncode")
+        notes.append(f"the harness recorded status {hstatus!r} (returncode {code})")
     if run.replaced_bytes:
         notes.append(f"{run.replaced_bytes} undecodable byte sequence(s) replaced")
 
@@ -281,7 +284,8 @@ def match(run: RunLog, control: RunLog) -> list:
     ka = {m.rank for m in run.memory if m.after == 1}
     kb = {m.rank for m in control.memory if m.after == 1}
     if ka and kb and ka != kb:
-        reasons.append(f"different ranks report memory ({sorted(ka)} vs {sorted(kb)}): different parallel layout")
+        reasons.append(f"different ranks report memory ({sorted(ka)} vs {sorted(kb)}): "
+                       "different parallel layout")
     return reasons
 
 
@@ -294,7 +298,7 @@ def compare(runs: list, control_name: Optional[str] = None, steady_from: Optiona
     names = [r.name for r in runs]
     dupes = sorted({n for n in names if names.count(n) > 1})
     if dupes:
-        raise InputError("LOG", f"two logs share the run name {dupes[0]!r}; put each run in its own "
+        raise Rejected("LOG", f"two logs share the run name {dupes[0]!r}; put each run in its own "
                                 "directory or rename the logs")
     control = choose_control(runs, control_name)
     rows = []
@@ -442,7 +446,8 @@ def render_text(report: dict) -> str:
 
     r0 = next(r for r in report["runs"] if r["control"])
     head = (f"control: {report['control']} ({r0['status']}); steady window: iterations "
-            f"{r0['steady_window'][0]}-{r0['steady_window'][1]}; Δ peak at the latest iteration both runs reported")
+            f"{r0['steady_window'][0]}-{r0['steady_window'][1]}; "
+            "Δ peak at the latest iteration both runs reported")
     return "\n".join([head, "", table(HEADERS, table_rows(report), "llrrrrrrrr"), ""] + _footer(report))
 
 

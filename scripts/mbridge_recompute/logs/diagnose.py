@@ -32,11 +32,13 @@ failure (an OOM classification, or an error-severity config/runtime match);
 
 from __future__ import annotations
 
+import re
 from typing import Optional
 
 from mbridge_recompute.logs import signatures
 from mbridge_recompute.logs.oom import OOMEvent
 from mbridge_recompute.logs.runlog import EXC_LINE, RunLog
+from mbridge_recompute.output import quote_overrides
 from mbridge_recompute.units import GB, GIB
 
 RESERVED_OVER_ALLOCATED = 1.10      # "reserved >> allocated" in a memory report
@@ -51,16 +53,17 @@ EXPLAINING_KINDS = ("fragmentation", "activations", "static")
 ACTION = {
     "fragmentation": ("set PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True in the job environment and rerun "
                       "the same setting before adding any recompute; compare peaks with compare_runs.py"),
-    "static": ("recompute will not help: this memory is weights, gradients and optimizer state. Shard or shrink "
-               "it: use_distributed_optimizer=true, more data parallelism (shards optimizer state) or more "
-               "PP/EP, a precision-aware optimizer (use_precision_aware_optimizer with bf16 exp_avg/exp_avg_sq), "
-               "or optimizer_cpu_offload"),
+    "static": ("recompute will not help: this memory is weights, gradients and optimizer state. Shard or "
+               "shrink it: use_distributed_optimizer=true, more data parallelism (shards optimizer state) "
+               "or more PP/EP, a precision-aware optimizer (use_precision_aware_optimizer with bf16 "
+               "exp_avg/exp_avg_sq), or optimizer_cpu_offload"),
     "activations": ("activations fill the GPU: run plan.py on this workload (--json) for the narrowest "
                     "recompute boundary that fits, then measure it against the `[]` control with "
                     "run_harness.py and compare_runs.py"),
-    "unknown_oom": ("the stage is unknown (no traceback in the log): rerun with the full per-rank traceback; "
-                    "an OOM before the first forward or in the first optimizer step is static memory, "
-                    "which recompute cannot fix"),
+    "unknown_oom": ("the stage is unknown (no traceback in the log): run plan.py on this workload for its "
+                    "static/activation split (static memory that does not fit cannot be fixed by "
+                    "recompute), and rerun with the full per-rank traceback; an OOM before the first "
+                    "forward or in the first optimizer step is static memory"),
 }
 
 
@@ -75,19 +78,36 @@ def _report_for(run: RunLog, oom: OOMEvent):
     return max(reports, key=lambda m: (m.after, m.max_allocated_gb or 0.0))
 
 
+def _where(oom: OOMEvent) -> str:
+    """Where the OOM happened, saying only what the log shows (no invented iteration or rank)."""
+    text = f"OOM at line {oom.line}"
+    if oom.rank is not None:
+        text += f" on rank {oom.rank}"
+    if oom.gpu is not None:
+        text += f" (GPU {oom.gpu})"
+    when = f"iteration {oom.iteration}" if oom.iteration is not None else "before any logged iteration"
+    if oom.stage != "unknown":
+        return f"{text}, {oom.stage}, {when}"
+    return f"{text}, {when} (stage unknown)"
+
+
+def _numbers(oom: OOMEvent) -> str:
+    """The sizes the message gave, and only those."""
+    parts = [(f"requested {_gib(oom.requested)}", oom.requested),
+             (f"capacity {_gib(oom.capacity)}"
+              + (f" (this process is capped at {_gib(oom.allowed)})" if oom.allowed is not None else ""),
+              oom.capacity),
+             (f"free {_gib(oom.free)}", oom.free),
+             (f"allocated by PyTorch {_gib(oom.allocated)}", oom.allocated),
+             (f"reserved but unallocated {_gib(oom.reserved_unallocated)}", oom.reserved_unallocated)]
+    known = [text for text, value in parts if value is not None]
+    return ", ".join(known) if known else "the message gives no sizes"
+
+
 def classify_oom(run: RunLog, oom: OOMEvent) -> list:
     """The kinds (in report order) and their evidence for one OOM event."""
     out = []
-    where = f"OOM at line {oom.line}" + (f" on rank {oom.rank}" if oom.rank is not None else "") \
-        + (f" (GPU {oom.gpu})" if oom.gpu is not None else "") \
-        + (f", {oom.stage} of iteration {oom.iteration}" if oom.stage != "unknown"
-           else f", iteration {oom.iteration} (stage unknown)")
     cap = oom.limit
-    numbers = (f"requested {_gib(oom.requested)}, capacity {_gib(oom.capacity)}"
-               + (f" (this process is capped at {_gib(oom.allowed)})" if oom.allowed is not None else "")
-               + f", free {_gib(oom.free)}, "
-               f"allocated by PyTorch {_gib(oom.allocated)}, reserved but unallocated "
-               f"{_gib(oom.reserved_unallocated)}")
     extra = []
     # memory outside the caching allocator is not under a per-process cap: compare with the device
     if oom.capacity and oom.process_in_use is not None and oom.allocated is not None \
@@ -98,7 +118,7 @@ def classify_oom(run: RunLog, oom: OOMEvent) -> list:
                          "CUDA context)")
     if oom.capacity and oom.other_processes >= NON_PYTORCH_SHARE * oom.capacity:
         extra.append(f"other processes hold {_gib(oom.other_processes)} on this GPU")
-    base = f"{where}: {numbers}" + ("; " + "; ".join(extra) if extra else "")
+    base = f"{_where(oom)}: {_numbers(oom)}" + ("; " + "; ".join(extra) if extra else "")
 
     frag = []
     if oom.requested is not None and oom.reserved_unallocated is not None \
@@ -110,25 +130,31 @@ def classify_oom(run: RunLog, oom: OOMEvent) -> list:
         gap_bytes = (rep.max_reserved_gb - rep.max_allocated_gb) * GB
         if rep.max_reserved_gb >= RESERVED_OVER_ALLOCATED * rep.max_allocated_gb and \
                 (oom.requested is None or gap_bytes >= oom.requested):
-            frag.append(f"rank {rep.rank} after {rep.after} iterations: max reserved {rep.max_reserved_gb:.3f} GB "
-                        f"vs max allocated {rep.max_allocated_gb:.3f} GB")
+            frag.append(f"rank {rep.rank} after {rep.after} iterations: max reserved "
+                        f"{rep.max_reserved_gb:.3f} GB vs max allocated {rep.max_allocated_gb:.3f} GB")
     if frag:
         out.append(("fragmentation", base + "; " + "; ".join(frag)))
+    elif oom.requested is not None and oom.reserved_unallocated is not None:
+        # the cached-but-free blocks could not have held the request even if contiguous
+        base += (f"; not fragmentation: only {_gib(oom.reserved_unallocated)} is reserved but unallocated, "
+                 f"less than the {_gib(oom.requested)} request")
 
     near = (oom.allocated is not None and cap and oom.allocated >= NEAR_CAPACITY * cap)
     share = "" if not (oom.allocated and cap) else \
-        f"; PyTorch holds {100 * oom.allocated / cap:.0f}% of {'its cap' if oom.allowed else 'capacity'} in live tensors"
+        (f"; PyTorch holds {100 * oom.allocated / cap:.0f}% of "
+         f"{'its cap' if oom.allowed else 'capacity'} in live tensors")
     if oom.requested is not None and cap and oom.requested > cap:
         share += f"; the single {_gib(oom.requested)} request exceeds all the memory this process may use"
+    after_first = oom.iteration is not None and oom.iteration >= 2
     if oom.stage in STATIC_STAGES:
         out.append(("static", base + f"; failed in {oom.stage}, before activations matter" + share))
-    elif oom.stage in ACTIVATION_STAGES or oom.iteration >= 2:
+    elif oom.stage in ACTIVATION_STAGES or after_first:
         if not frag or near:
             why = f"failed in the {oom.stage}" if oom.stage != "unknown" else \
                 f"failed after iteration {oom.iteration - 1} completed (static memory was in place)"
             out.append(("activations", base + "; " + why + share))
     elif not frag:
-        out.append(("unknown", base + "; no traceback to tell the stage"))
+        out.append(("unknown", base + "; no traceback to tell the stage" + share))
     return out
 
 
@@ -172,8 +198,11 @@ def _error_findings(run: RunLog) -> list:
     sigs = signatures.all_signatures()
     found: dict = {}
     matched_lines: set = set()
+    match_line = signatures.line_matcher(sigs)
     for no, line in enumerate(run.lines, start=1):
-        sig = signatures.match_line(line, sigs)
+        if not line:
+            continue
+        sig = match_line(line)
         if sig is None:
             continue
         matched_lines.add(no)
@@ -190,37 +219,109 @@ def _error_findings(run: RunLog) -> list:
         if err.line in matched_lines:
             continue
         sig = signatures.match_exception(err.exc_type, err.message, err.frames, sigs)
-        text = f"{err.exc_type}: {err.message}".strip()
         if sig is not None:
+            text = f"{err.exc_type}: {err.message}".strip()
             if sig.id in found:
                 found[sig.id]["count"] += 1
             else:
                 where = f" (in {err.frames[-1].func}, {err.frames[-1].file}:{err.frames[-1].lineno})" \
                     if err.frames else ""
-                found[sig.id] = dict(_sig_finding(sig, f"line {err.line}: {text[:300]}{where}", err.line), count=1)
+                evidence = f"line {err.line}: {text[:300]}{where}"
+                found[sig.id] = dict(_sig_finding(sig, evidence, err.line), count=1)
             continue
         if err.exc_type.rsplit(".", 1)[-1] in _WRAPPER_EXC or err.exc_type.endswith("Warning"):
             continue
-        cfg = next((f for f in reversed(err.frames) if f.file.replace("\\", "/").endswith(_CONFIG_FILES)), None)
+        cfg = next((f for f in reversed(err.frames)
+                    if f.file.replace("\\", "/").endswith(_CONFIG_FILES)), None)
+        text = f"{err.exc_type}: {err.message}".strip()
         if cfg is not None:
             key = f"config:{text[:120]}"
             if key not in found:
                 found[key] = {"kind": "config", "evidence": f"line {err.line}: {text[:300]}",
-                              "next_action": "a configuration rule this tool does not list: run check_config.py "
-                                             "on the workload (--validator live) and read the rule at the source",
+                              "next_action": ("a configuration rule this tool does not list: run "
+                                              "check_config.py on the workload (--validator live) and "
+                                              "read the rule at the source"),
                               "severity": "error", "source": f"{cfg.file}:{cfg.lineno}", "line": err.line,
                               "count": 1}
             continue
         if len(unknown) < 3 and all(u["evidence"].split(": ", 1)[-1] != text[:300] for u in unknown):
             unknown.append({"kind": "unknown", "evidence": f"line {err.line}: {text[:300]}",
-                            "next_action": "not a known memory or recompute failure; read the traceback ending "
-                                           f"at line {err.line}", "severity": "info", "line": err.line})
-    ordered = sorted(found.values(), key=lambda f: ({"error": 0, "warning": 1}.get(f["severity"], 2), f["line"]))
+                            "next_action": ("not a known memory or recompute failure; read the traceback "
+                                            f"ending at line {err.line}"),
+                            "severity": "info", "line": err.line})
+    rank = {"error": 0, "warning": 1}
+    ordered = sorted(found.values(), key=lambda f: (rank.get(f["severity"], 2), f["line"]))
     return ordered + unknown
 
 
+# a harness command line as a log or manifest shows it
+_RL = re.compile(r"(?<!\S)(?:-rl|--recompute_num_layers)(?:=|\s+)\d")
+_MODULES_FLAG = re.compile(r"(?<!\S)--recompute_mod\w*(?==|\s)")
+_RL_FIX = ("drop -rl: the harness applies the argparse flags after the Hydra overrides (run_script.py:76-79, "
+           "overrides.py:174-177 @ 067f987; run_script.py:86-87, overrides.py:150-153 @ v0.5.1), so "
+           "model.recompute_method=null model.recompute_num_layers=null cannot undo -rl in the same run. "
+           "Hydra nulls only undo a full recompute the recipe itself carries; for full recompute use -rl N "
+           "alone (or block:N in run_harness.py), for selective use --recompute_modules alone")
+
+
+def _command_lines(run: RunLog) -> list:
+    """Command lines the run shows: its manifest's argv, and log lines that hold harness flags."""
+    out = []
+    argv = (run.manifest or {}).get("argv")
+    if isinstance(argv, list):
+        out.append((None, " ".join(map(str, argv))))
+    for no, line in enumerate(run.lines, start=1):
+        if "--recompute_mod" in line or "-rl" in line or "--recompute_num_layers" in line:
+            out.append((no, line))
+    return out
+
+
+def _argv_findings(run: RunLog, found: list) -> list:
+    """What a harness command line in the log shows: `-rl` next to labels, a list flag given twice."""
+    out = []
+    lines = _command_lines(run)
+    with_rl = [(no, t) for no, t in lines if _RL.search(t) and _MODULES_FLAG.search(t)]
+    for f in found:
+        if f.get("id") != "selective-with-num-layers":
+            continue
+        if with_rl or any(_RL.search(t) for _, t in lines):
+            f["next_action"] = _RL_FIX
+            f["evidence"] += "; the command line has -rl" + (" beside --recompute_modules" if with_rl else "")
+        else:
+            # the text does not show the command line: the nulls fix a recipe's leftover full
+            # recompute, and are no fix at all for -rl given with the labels
+            f["next_action"] += ("; if the run was given -rl N together with --recompute_modules, drop "
+                                 "-rl instead (the harness applies -rl after the Hydra overrides, so nulls "
+                                 "cannot undo it)")
+    for no, text in lines:
+        if len(_MODULES_FLAG.findall(text)) >= 2:
+            where = f"line {no}" if no else "the manifest's argv"
+            out.append({"kind": "config", "id": "list-flag-given-twice", "severity": "warning",
+                        "line": no or 0,
+                        "evidence": (f"{where}: --recompute_modules is given more than once: "
+                                     f"{text.strip()[:300]}"),
+                        "next_action": ("argparse keeps only the last --recompute_modules (its earlier "
+                                        "labels are dropped without an error): give every label in one "
+                                        "comma-separated token, --recompute_modules a,b"),
+                        "source": "argument_parser.py:41-43 @ 067f987 (list_of_strings, no nargs); "
+                                  "Lib/argparse.py store action @ CPython 3.11"})
+            break
+    return out
+
+
+def _hydra_detail(run: RunLog, found: list) -> None:
+    """Hydra prints the reason on the next line ("missing EQUAL at '<EOF>'"): a bare word."""
+    for f in found:
+        if f.get("id") == "hydra-override-parse-error" and f.get("line"):
+            nxt = run.lines[f["line"]] if f["line"] < len(run.lines) else ""
+            if "missing EQUAL" in nxt:
+                f["evidence"] += f"; next line: {nxt.strip()[:120]} (a bare word, not key=value)"
+
+
 def diagnose(run: RunLog) -> dict:
-    findings = _oom_findings(run) + _error_findings(run)
+    errors = _error_findings(run)
+    _hydra_detail(run, errors)
+    findings = _oom_findings(run) + errors + _argv_findings(run, errors)
     explained = any(f["kind"] in EXPLAINING_KINDS or
                     (f["kind"] in ("config", "runtime") and f["severity"] == "error") for f in findings)
     return {"source": run.path or run.name, "findings": findings, "explained": explained,
@@ -233,11 +334,12 @@ def render_text(report: dict) -> str:
         return f"{report['source']}: nothing recognisable (no OOM, no known recompute error)"
     lines = [f"{report['source']}:"]
     for i, f in enumerate(report["findings"], 1):
-        tag = f["kind"] + (f" [{f['constraint_id']}]" if f.get("constraint_id") else "") \
+        ident = f.get("constraint_id") or f.get("id")
+        tag = f["kind"] + (f" [{ident}]" if ident else "") \
             + ("" if f["severity"] == "error" else f" ({f['severity']})")
         lines.append(f"{i}. {tag}")
         lines.append(f"   evidence: {f['evidence']}")
-        lines.append(f"   next:     {f['next_action']}")
+        lines.append(f"   next:     {quote_overrides(f['next_action'])}")
         if f.get("source"):
             lines.append(f"   source:   {f['source']}")
     return "\n".join(lines)

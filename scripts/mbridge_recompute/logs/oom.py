@@ -20,7 +20,9 @@ the traceback that ends in the OOM line, read from that rank's stream, decides:
   5. no traceback: "unknown" (the iteration number still says when).
 The iteration in progress is the last iteration number logged (iteration line
 or memory report) before the OOM, plus one; with `log_interval > 1` it is a
-lower bound.
+lower bound. With nothing logged before the OOM it is None: the text does not
+say (a pasted message, or a run resumed from a checkpoint, starts at no known
+iteration), and no report invents one.
 """
 
 from __future__ import annotations
@@ -34,15 +36,16 @@ from mbridge_recompute.units import GIB, KIB, MIB, TIB
 
 _SIZE = r"([\d.]+)\s*(bytes|B|KiB|MiB|GiB|TiB)"
 # (a source line such as `except torch.OutOfMemoryError:` in a traceback is not an OOM)
-OOM_MARK = re.compile(r"CUDA out of memory|CUDA error: out of memory|^\s*(?:[\w.]+\.)?OutOfMemoryError(?::|$)")
+OOM_MARK = re.compile(r"CUDA out of memory|CUDA error: out of memory"
+                      r"|^\s*(?:[\w.]+\.)?OutOfMemoryError(?::|$)")
 OOM_TRIED = re.compile(r"Tried to allocate " + _SIZE)
-OOM_CAP = re.compile(r"GPU (\d+) has a total capac\w* of " + _SIZE + r" of which " + _SIZE + r" is free")
+OOM_CAP = re.compile(r"GPU (\d{1,6}) has a total capac\w* of " + _SIZE + r" of which " + _SIZE + r" is free")
 OOM_INUSE = re.compile(r"this process has " + _SIZE + r" memory in use")
 OOM_OTHER = re.compile(r"Process (\d+) has " + _SIZE + r" memory in use")
 OOM_ALLOWED = re.compile(_SIZE + r" allowed;")      # set_per_process_memory_fraction in force
 OOM_ALLOC = re.compile(r"Of the allocated memory " + _SIZE + r" is allocated by PyTorch, and " + _SIZE
                        + r" is reserved by PyTorch but unallocated")
-OOM_LEGACY = re.compile(r"\(GPU (\d+); " + _SIZE + r" total capacity; " + _SIZE + r" already allocated; "
+OOM_LEGACY = re.compile(r"\(GPU (\d{1,6}); " + _SIZE + r" total capacity; " + _SIZE + r" already allocated; "
                         + _SIZE + r" free; " + _SIZE + r" reserved in total by PyTorch\)")
 _UNIT = {"bytes": 1, "B": 1, "KiB": KIB, "MiB": MIB, "GiB": GIB, "TiB": TIB}
 
@@ -78,7 +81,9 @@ class OOMEvent:
     allocated: Optional[float] = None            # "allocated by PyTorch"
     reserved_unallocated: Optional[float] = None
     stage: str = "unknown"
-    iteration: int = 1                           # the iteration in progress (lower bound)
+    # the iteration in progress (a lower bound), or None when no iteration was logged before the
+    # OOM: the text then does not say which iteration it was (a pasted message, a resumed run)
+    iteration: Optional[int] = None
     frames: list = field(default_factory=list)
 
     def key(self) -> tuple:

@@ -24,7 +24,6 @@ OOM events (numbers and stage) are read by `oom.py`.
 
 from __future__ import annotations
 
-import json
 import math
 import re
 from dataclasses import dataclass, field
@@ -37,37 +36,42 @@ from mbridge_recompute.units import GB, MIB
 
 # --- line prefixes added by launchers (torchrun --tee, PyTorch, srun --label, mpirun)
 # (PyTorch's `[rankN]: ` carries one space of its own; torchrun's `[defaultN]:` none)
-_PREFIX = re.compile(r"^(?:\s*(?:\[default\d+\]:|\[rank\d+\]: ?|\[1,\d+\]<std(?:out|err)>:|\d{1,5}: ))+")
-_PREFIX_RANK = re.compile(r"\[(?:default|rank)(\d+)\]|\[1,(\d+)\]|^\s*(\d{1,5}): ")
+# (every number a regex hands to int() is bounded, so a 5000-digit "rank" is text, not a
+# ValueError past Python's integer-conversion limit)
+_PREFIX = re.compile(r"^(?:\s*(?:\[default\d{1,6}\]:|\[rank\d{1,6}\]: ?"
+                     r"|\[1,\d{1,6}\]<std(?:out|err)>:|\d{1,5}: ))+")
+_PREFIX_RANK = re.compile(r"\[(?:default|rank)(\d{1,6})\]|\[1,(\d{1,6})\]|^\s*(\d{1,5}): ")
 
 # --- Bridge iteration line: train_utils.py:1088-1140 (MLM: training.py:3567-3653)
-ITER = re.compile(r"iteration\s+(\d+)/\s*(\d+)\s*\|")
+ITER = re.compile(r"iteration\s+(\d{1,12})/\s*(\d{1,12})\s*\|")
 TIME = re.compile(r"elapsed time per iteration \(ms\):\s*([\d.]+)")
 TPUT = re.compile(r"throughput per GPU \(TFLOP/s/GPU\):\s*([\d.]+)")
 LOSS = re.compile(r"\blm loss:\s*([-+\d.Ee]+|nan|NAN|NaN|inf|INF|-inf|-INF)")
 GNORM = re.compile(r"grad norm:\s*([-+\d.Ee]+|nan|NAN|NaN|inf|INF)")
-GBS = re.compile(r"global batch size:\s*(\d+)")
-SKIP = re.compile(r"number of skipped iterations:\s*(\d+)")
-NANS = re.compile(r"number of nan iterations:\s*(\d+)")
+GBS = re.compile(r"global batch size:\s*(\d{1,12})(?!\d)")
+SKIP = re.compile(r"number of skipped iterations:\s*(\d{1,12})(?!\d)")
+NANS = re.compile(r"number of nan iterations:\s*(\d{1,12})(?!\d)")
 # --- Bridge throughput line, rank 0: train_utils.py:1036-1051
 STEP = re.compile(r"Step Time :\s*([\d.]+)s GPU utilization:\s*([\d.]+)\s*MODEL_TFLOP/s/GPU")
 # --- Bridge memory report: train_utils.py:1160-1213 (decimal GB)
-MEM = re.compile(r"\[Rank (\d+)\] \(after (\d+) iterations\) memory \(GB\)(.*)")
+MEM = re.compile(r"\[Rank (\d{1,9})\] \(after (\d{1,12}) iterations\) memory \(GB\)(.*)")
 MEM_KEY = re.compile(r"(mem-[\w-]+):\s*([\d.eE+-]+)")
 # --- Megatron-LM memory report: common_utils.py:313-334 @ MLM 2a75ac12 (MiB)
-MLMMEM = re.compile(r"\[Rank (\d+)\] \(after (\d+) iterations\) memory \(MB\) \| allocated: ([\d.]+) \|"
+MLMMEM = re.compile(r"\[Rank (\d{1,9})\] \(after (\d{1,12}) iterations\) memory \(MB\)"
+                    r" \| allocated: ([\d.]+) \|"
                     r" max allocated: ([\d.]+) \| reserved: ([\d.]+) \| max reserved: ([\d.]+)")
 # --- theoretical_memory_utils.py:339-353 (MiB)
 THEO = re.compile(r"Theoretical memory footprints: weight and optimizer=([\d.]+) MB"
                   r"(?:, activation=([\d.]+) MB, total=([\d.]+) MB)?")
 PARAMS = re.compile(r"Total number of parameters in billions:\s*([\d.]+)")
 DONE = re.compile(r"\[after training is done\]")                 # pretrain.py:164
-EXITING = re.compile(r"exiting program at iteration (\d+)")       # train.py:1509
+EXITING = re.compile(r"exiting program at iteration (\d{1,12})(?!\d)")       # train.py:1509
 
 # --- tracebacks
 TB_START = re.compile(r"^Traceback \(most recent call last\):")
-TB_FRAME = re.compile(r'^\s+File "([^"]+)", line (\d+), in (\S+)')
-EXC_LINE = re.compile(r"^((?:[A-Za-z_][\w]*\.)*[A-Za-z_]\w*(?:Error|Exception|Warning|Interrupt))(?::\s?(.*))?$")
+TB_FRAME = re.compile(r'^\s+File "([^"]+)", line (\d{1,9}), in (\S+)')
+EXC_LINE = re.compile(r"^((?:[A-Za-z_][\w]*\.)*[A-Za-z_]\w*(?:Error|Exception|Warning|Interrupt))"
+                      r"(?::\s?(.*))?$")
 
 # One harness run directory, as launch writes it and compare / diagnose read it.
 LOG = "log.txt"
@@ -256,6 +260,10 @@ def split_prefix(raw: str) -> tuple:
     """(stream, rank, text): the launcher prefix, its rank number, the line without it."""
     if not raw or raw[0] not in "[ \t0123456789":
         return "", None, raw
+    if raw[0] in " \t":
+        head = raw.lstrip(" \t")
+        if not head or head[0] not in "[0123456789":
+            return "", None, raw
     m = _PREFIX.match(raw)
     if not m:
         return "", None, raw
@@ -320,22 +328,90 @@ def log_of(path) -> Path:
     return p / LOG if p.is_dir() and (p / LOG).is_file() else p
 
 
-def read_text(path: Path) -> tuple:
-    """(text, replaced_count): bytes decoded with errors='replace'; InputError when unreadable."""
-    try:
-        data = path.read_bytes()
-    except FileNotFoundError:
-        raise InputError(str(path), "no such file") from None
-    except IsADirectoryError:
-        raise InputError(str(path), f"is a directory without {LOG}") from None
-    except OSError as exc:
-        raise InputError(str(path), f"cannot read: {exc.strerror or exc}") from None
-    text = data.decode("utf-8", errors="replace")
-    return text, text.count("\ufffd") - data.decode("utf-8", errors="ignore").count("\ufffd")
+# ANSI escape sequences (colour, cursor moves; CSI and OSC forms, and two-byte escapes): a
+# coloured log must parse like a plain one, and none of it may reach the user's terminal
+_ANSI = re.compile(r"\x1b(?:\[[0-?]*[ -/]*[@-~]|\][^\x07\x1b]*(?:\x07|\x1b\\)?|[@-Z\\-_])"
+                   r"|\x9b[0-?]*[ -/]*[@-~]")
+_BOMS = ((b"\xef\xbb\xbf", "utf-8"), (b"\xff\xfe\x00\x00", "utf-32-le"), (b"\x00\x00\xfe\xff", "utf-32-be"),
+         (b"\xff\xfe", "utf-16-le"), (b"\xfe\xff", "utf-16-be"))
+
+
+def detect_encoding(data: bytes) -> str:
+    """utf-8, or the UTF-16/32 a byte-order mark or the NUL pattern of a BOM-less file shows.
+
+    Windows tools (PowerShell's `>` / Tee-Object) write UTF-16 LE; such a log read as UTF-8
+    holds a NUL between every character and would match nothing.
+    """
+    for bom, name in _BOMS:
+        if data.startswith(bom):
+            return name
+    sample = data[:4096]
+    if len(sample) >= 4:
+        even, odd = sample[0::2].count(0), sample[1::2].count(0)
+        half = len(sample) // 2
+        if odd > 0.4 * half and even < 0.05 * half:
+            return "utf-16-le"
+        if even > 0.4 * half and odd < 0.05 * half:
+            return "utf-16-be"
+    return "utf-8"
+
+
+def decode_log(data: bytes) -> tuple:
+    """(text, replaced_count, encoding): newlines normalised, ANSI sequences removed.
+
+    A lone CR ends a line too: a log written with CR-only line ends (old macOS tools, progress
+    bars redrawn in place) would otherwise be one line.
+    """
+    enc = detect_encoding(data)
+    bom = next((b for b, name in _BOMS if name == enc and data.startswith(b)), b"")
+    body = data[len(bom):]
+    text = body.decode(enc, errors="replace")
+    replaced = text.count("\ufffd") - body.decode(enc, errors="ignore").count("\ufffd")
+    return normalize(text), replaced, enc
+
+
+def normalize(text: str) -> str:
+    """Line ends as "\\n" (CRLF and a lone CR both end a line), ANSI escape sequences removed."""
+    if "\r" in text:
+        text = text.replace("\r\n", "\n").replace("\r", "\n")
+    if "\x1b" in text or "\x9b" in text:
+        text = _ANSI.sub("", text)
+    return text
+
+
+def read_text(path: Path, field: str | None = None) -> tuple:
+    """(text, replaced_count) of a log; InputError when it is unreadable, not a file or empty."""
+    from mbridge_recompute.files import LOG_LIMIT, read_bytes
+
+    p = Path(path)
+    field = field or str(p)
+    if p.is_dir():
+        raise InputError(field, f"is a directory without {LOG}")
+    data = read_bytes(p, field, LOG_LIMIT)
+    text, replaced, _ = decode_log(data)
+    if not text.strip():
+        raise InputError(field, "is empty")
+    return text, replaced
 
 
 def parse_text(text: str, name: str = "log", path: str = "") -> RunLog:
     """Parse a whole log's text. Never raises on content."""
+    # a long log becomes millions of small records that hold no reference cycles; the cyclic
+    # collector rescanning them again and again cost a third of the parse time of a 1.2M-
+    # traceback log, so it pauses while they are built
+    import gc
+
+    paused = gc.isenabled()
+    gc.disable()
+    try:
+        return _parse_text(text, name, path)
+    finally:
+        if paused:
+            gc.enable()
+
+
+def _parse_text(text: str, name: str, path: str) -> RunLog:
+    text = normalize(text)
     run = RunLog(name=name, path=path)
     run.truncated = bool(text) and not text.endswith("\n")
     streams: dict = {}
@@ -347,27 +423,38 @@ def parse_text(text: str, name: str = "log", path: str = "") -> RunLog:
     if rows and rows[-1] == "":
         rows.pop()
     for no, raw in enumerate(rows, start=1):
-        stream, rank, line = split_prefix(raw.replace("\r", ""))
+        stream, rank, line = split_prefix(raw)
         run.lines.append(line)
-        st = streams.setdefault(stream, _Stream())
+        st = streams.get(stream)
+        if st is None:
+            st = streams[stream] = _Stream()
         # tracebacks (per stream, so interleaved ranks do not mix frames)
-        if TB_START.match(line):
+        # traceback headers, frames and the source they show are blanked in `run.lines` too:
+        # no error message lives there (a `raise X("...")` source line is code), and diagnose
+        # then has a quarter of a traceback's lines to search
+        if line.startswith("Traceback") and TB_START.match(line):
             st.frames = []
+            run.lines[-1] = ""
             continue
         if st.frames is not None:
-            fm = TB_FRAME.match(line)
+            fm = TB_FRAME.match(line) if line.lstrip().startswith("File ") else None
             if fm:
                 st.frames.append(Frame(fm.group(1), int(fm.group(2)), fm.group(3)))
                 st.after_frame = True
+                run.lines[-1] = ""
                 continue
-            if (st.after_frame and line.startswith("    ")) or _CARETS.match(line):
+            if (st.after_frame and line.startswith("    ")) or (("^" in line or "~" in line)
+                                                               and _CARETS.match(line)):
+                run.lines[-1] = ""
                 continue         # source text shown in a traceback is code, not an event
             st.after_frame = False
-        oom = parse_oom(line, no)
+        # cheap substring tests first: most lines of a long log are none of these, and a
+        # dozen regex searches per line were most of the parse time on a large log
+        oom = parse_oom(line, no) if ("out of memory" in line or "OutOfMemoryError" in line) else None
         if oom is not None:
             oom.stream, oom.rank = stream, rank
             oom.frames = list(st.frames or [])
-            oom.iteration = last_logged + 1
+            oom.iteration = last_logged + 1 if last_logged else None
             oom.stage = oom_stage(oom.frames, last_logged)
             key = oom.key() if oom.parsed else ("text", oom.text[-200:])
             prev = seen_oom.get(key)
@@ -379,10 +466,15 @@ def parse_text(text: str, name: str = "log", path: str = "") -> RunLog:
                 seen_oom[key] = oom
             st.frames = None
             continue
-        em = EXC_LINE.match(line)
+        em = EXC_LINE.match(line) if ("Error" in line or "Exception" in line or "Warning" in line
+                                       or "Interrupt" in line) else None
         if em and (st.frames is not None or not em.group(1).endswith("Warning")):
-            run.errors.append(ErrorEvent(em.group(1), (em.group(2) or "").strip(), no, stream, list(st.frames or [])))
+            run.errors.append(ErrorEvent(em.group(1), (em.group(2) or "").strip(), no, stream,
+                                         list(st.frames or [])))
             st.frames = None
+            continue
+        if not ("iteration" in line or "Step Time" in line or "Theoretical memory" in line
+                or "number of parameters" in line or "after training is done" in line):
             continue
         it = parse_iteration(line, no)
         if it is not None:
@@ -429,57 +521,91 @@ def run_name(path: Path, manifest: Optional[dict]) -> str:
     return path.stem
 
 
+# manifest.json fields the tools read, and the types they must have (the harness writes them;
+# a hand-edited or foreign manifest with another type is bad input, never a traceback)
+_MANIFEST_TYPES = {
+    "name": (str,), "candidate": (str,), "setting": (str, dict), "argv": (list,),
+    "recompute_tokens": (list,), "revisions": (dict,), "git": (dict,), "env": (dict,),
+    "status": (str,), "returncode": (int, type(None)), "cwd": (str,),
+}
+_SETTING_TYPES = {
+    "recompute_granularity": (str, type(None)), "granularity": (str, type(None)),
+    "recompute_modules": (list, type(None)), "modules": (list, type(None)),
+    "recompute_method": (str, type(None)), "method": (str, type(None)),
+    "recompute_num_layers": (int, type(None)), "num_layers": (int, type(None)),
+}
+_TYPE_NAMES = {str: "text", dict: "a mapping", list: "a list", int: "an integer", type(None): "null"}
+
+
+def _check_types(data: dict, types: dict, where: str) -> None:
+    for key, want in types.items():
+        if key not in data:
+            continue
+        value = data[key]
+        # bool is an int in Python; a `true` where a count belongs is not 1
+        if not isinstance(value, want) or isinstance(value, bool):
+            names = " or ".join(_TYPE_NAMES[t] for t in want)
+            raise InputError(f"{where}: {key}", f"must be {names}, got {type(value).__name__}")
+
+
 def read_manifest(path: Path) -> Optional[dict]:
     """`manifest.json` beside the log (the harness writes run_dir/manifest.json + run_dir/log.txt)."""
+    from mbridge_recompute.files import read_json
+
     mpath = path.parent / MANIFEST
     if not mpath.is_file():
         return None
-    try:
-        data = json.loads(mpath.read_text(encoding="utf-8", errors="replace"))
-    except (OSError, ValueError) as exc:
-        raise InputError(str(mpath), f"not valid JSON ({exc})") from None
+    data = read_json(mpath, str(mpath))
     if not isinstance(data, dict):
         raise InputError(str(mpath), "must be a JSON object")
+    _check_types(data, _MANIFEST_TYPES, str(mpath))
+    for key in ("argv", "recompute_tokens"):
+        if key in data and not all(isinstance(t, str) for t in data[key]):
+            raise InputError(f"{mpath}: {key}", "must be a list of text tokens")
+    for key in ("env", "revisions", "git"):
+        if key in data and not all(isinstance(v, (str, type(None))) for v in data[key].values()):
+            raise InputError(f"{mpath}: {key}", "must map names to text")
+    if isinstance(data.get("setting"), dict):
+        _check_types(data["setting"], _SETTING_TYPES, f"{mpath}: setting")
+        for key in ("recompute_modules", "modules"):
+            mods = data["setting"].get(key)
+            if isinstance(mods, list) and not all(isinstance(m, str) for m in mods):
+                raise InputError(f"{mpath}: setting.{key}", "must be a list of labels (text)")
     return data
 
 
-def _flatten(node, prefix: str = "", out: Optional[dict] = None) -> dict:
-    out = {} if out is None else out
-    if isinstance(node, dict):
-        for k, v in node.items():
-            _flatten(v, f"{prefix}.{k}" if prefix else str(k), out)
-    else:
-        out[prefix] = node
+def flatten(node, field: str = "config", max_values: int = 200_000) -> dict:
+    """A nested mapping as {dotted.key: leaf}, without recursion, at most `max_values` leaves."""
+    out: dict = {}
+    stack = [("", node)]
+    while stack:
+        prefix, value = stack.pop()
+        if isinstance(value, dict) and value:
+            for k, v in reversed(list(value.items())):
+                stack.append((f"{prefix}.{k}" if prefix else str(k), v))
+            continue
+        out[prefix] = value
+        if len(out) > max_values:
+            raise InputError(field, f"holds more than {max_values} values")
     return out
 
 
 def read_config_dump(path: Path) -> Optional[dict]:
-    """The `ConfigContainer.yaml` beside the log, flattened; None when absent or unreadable.
+    """The `ConfigContainer.yaml` beside the log, flattened; None when absent.
 
-    Bridge dumps may carry Python tags; they are read as plain values, not constructed.
-    A dump that cannot be read is skipped (the comparison falls back to manifest and log).
+    Bridge dumps carry Python tags (`_target_`); they are read as plain values, never
+    constructed. A dump that cannot be read -- not YAML, an alias bomb, a self-referencing
+    anchor, nesting past any real config -- is bad input naming the file (exit 2), refused
+    before it is expanded.
     """
+    from mbridge_recompute.files import DOC_LIMIT, decode_utf8, read_bytes, yaml_tree
+
     cpath = path.parent / CONFIG_DUMP
     if not cpath.is_file():
         return None
-    import yaml
-
-    class _Loader(getattr(yaml, "CSafeLoader", yaml.SafeLoader)):
-        pass
-
-    def _any(loader, suffix, node):
-        if isinstance(node, yaml.MappingNode):
-            return loader.construct_mapping(node, deep=True)
-        if isinstance(node, yaml.SequenceNode):
-            return loader.construct_sequence(node, deep=True)
-        return loader.construct_scalar(node)
-
-    _Loader.add_multi_constructor("", _any)
-    try:
-        data = yaml.load(cpath.read_text(encoding="utf-8", errors="replace"), Loader=_Loader)
-    except (OSError, yaml.YAMLError):
-        return None
-    return _flatten(data) if isinstance(data, dict) else None
+    field = str(cpath)
+    data = yaml_tree(decode_utf8(read_bytes(cpath, field, DOC_LIMIT), field), field)
+    return flatten(data, field) if isinstance(data, dict) else None
 
 
 def manifest_setting(manifest: Optional[dict]) -> Optional[str]:
@@ -495,7 +621,8 @@ def manifest_setting(manifest: Optional[dict]) -> Optional[str]:
         if gran == "selective":
             return "[]" if not mods else ",".join(mods)
         if gran == "full":
-            return f"{s.get('recompute_method', s.get('method'))}:{s.get('recompute_num_layers', s.get('num_layers'))}"
+            method = s.get("recompute_method", s.get("method"))
+            return f"{method}:{s.get('recompute_num_layers', s.get('num_layers'))}"
         if gran in (None, "none"):
             return "none"
     return None

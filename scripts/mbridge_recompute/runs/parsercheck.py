@@ -9,13 +9,20 @@ The rank scripts call `parse_known_args` and hand unknown arguments to Hydra
 (`run_script.py`, flat path), so the check is: parsing succeeds, every unknown
 argument is a `key=value` override, and the recompute flags parse to what the
 candidate means.
+
+Importing the checkout's module is the only thing the tools do with its code, and it must
+leave the checkout as it was: the child runs with `-B` and `PYTHONDONTWRITEBYTECODE=1` (no
+`__pycache__` appears in `scripts/performance/`), from a temporary directory, and only on
+`--launch` or an explicit `--parser-check` (a dry run imports nothing).
 """
 
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 from typing import Sequence
 
@@ -50,20 +57,26 @@ print(json.dumps({"importable": True, "results": results}))
 """
 
 
-def check_runs(repo: str, runs: Sequence[PlannedRun], python: str = sys.executable, timeout: float = 120) -> dict:
+def check_runs(repo: str, runs: Sequence[PlannedRun], python: str = sys.executable,
+               timeout: float = 120) -> dict:
     """{"checked": bool, "reason": str, "runs": {name: {"ok", "problems", ...}}}."""
     perf_dir = Path(repo) / Path(ARGUMENT_PARSER).parent
     if not (Path(repo) / ARGUMENT_PARSER).is_file():
         return {"checked": False, "reason": f"{ARGUMENT_PARSER} not found in the checkout", "runs": {}}
     tails = [harness_tail(r) for r in runs]
+    env = dict(os.environ, PYTHONDONTWRITEBYTECODE="1")
     try:
-        proc = subprocess.run([python, "-c", _PROBE, str(perf_dir)], input=json.dumps(tails),
-                              capture_output=True, text=True, cwd=repo, timeout=timeout)
+        with tempfile.TemporaryDirectory(prefix="mbridge-recompute-parser-") as cwd:
+            proc = subprocess.run([python, "-B", "-c", _PROBE, str(perf_dir)], input=json.dumps(tails),
+                                  capture_output=True, text=True, cwd=cwd, env=env, timeout=timeout,
+                                  errors="replace")
     except (OSError, subprocess.TimeoutExpired) as exc:
         return {"checked": False, "reason": f"parser probe did not run: {exc}", "runs": {}}
     try:
         reply = json.loads(proc.stdout.strip().splitlines()[-1])
-    except (IndexError, json.JSONDecodeError):
+        if not isinstance(reply, dict) or not isinstance(reply.get("results", []), list):
+            raise ValueError("not the probe's reply")
+    except (IndexError, ValueError):
         tail = (proc.stderr or proc.stdout).strip().splitlines()[-1:] or ["no output"]
         return {"checked": False, "reason": f"parser probe failed: {tail[0]}", "runs": {}}
     if not reply.get("importable"):
@@ -75,8 +88,9 @@ def check_runs(repo: str, runs: Sequence[PlannedRun], python: str = sys.executab
 
 
 def _judge(run: PlannedRun, res: dict) -> dict:
-    if not res.get("ok"):
-        return {"ok": False, "problems": [f"argparse rejected the argv: {' '.join(res.get('error', []))}"]}
+    if not isinstance(res, dict) or not res.get("ok"):
+        error = res.get("error", []) if isinstance(res, dict) else []
+        return {"ok": False, "problems": [f"argparse rejected the argv: {' '.join(map(str, error))}"]}
     problems = []
     stray = [u for u in res["unknown"] if "=" not in u]
     if stray:
@@ -91,7 +105,8 @@ def _judge(run: PlannedRun, res: dict) -> dict:
     if "-rl" in toks:
         expect_rl = s.num_layers
     if res.get("recompute_modules") != expect_mods:
-        problems.append(f"recompute_modules parsed as {res.get('recompute_modules')!r}, expected {expect_mods!r}")
+        problems.append(f"recompute_modules parsed as {res.get('recompute_modules')!r}, "
+                        f"expected {expect_mods!r}")
     if res.get("recompute_num_layers") != expect_rl:
         problems.append(f"recompute_num_layers parsed as {res.get('recompute_num_layers')!r}, "
                         f"expected {expect_rl!r}")

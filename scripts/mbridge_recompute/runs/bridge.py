@@ -1,0 +1,375 @@
+"""Megatron Bridge releases, as the harness and the test runner need them: facts as data.
+
+Bridge's performance harness (`scripts/performance/`) comes in two generations, and the
+recompute tests differ per release:
+
+* **0.5** (v0.5.0, v0.5.1; their harness files are byte-identical): no `bootstrap.py`; the rank
+  script is `run_script.py` (flat perf recipes) or `run_recipe.py` (`--use_recipes`), which
+  `setup_experiment.py` also picks itself (`setup_experiment.py:63-64,510-540 @ v0.5.1`);
+  `-sl` sets only the dataset's length, so the `model.seq_length == dataset.seq_length` check
+  fails whenever it differs from the recipe; `-d` writes the config without validating it.
+* **0.6** (v0.6.0; the 0.6.2 wheel ships no `scripts/`, so its harness is v0.6.0's) and
+  **main** (067f987): `bootstrap.py` installs the recipe's environment and execs the rank
+  script (`bootstrap.py:29-69 @ v0.6.0`); `-sl` sets `model.seq_length`; `-d` validates.
+  The two differ in the recompute tests they hold, not in the harness.
+
+At every release Hydra overrides are applied before the argparse flags on the flat path, so a
+`-rl N` (full/block/N) can never be undone by `model.recompute_*=null` in the same run: the fix
+for `-rl` beside `--recompute_modules` is to drop `-rl` (Hydra nulls only undo a full recompute
+the *recipe* carries).
+
+`detect` reads the checkout without importing or writing anything in it: the version in
+`src/megatron/bridge/package_info.py` (as text), which alone is misleading (the v0.6.0 tag says
+0.6.1, main says 0.7.0), checked against the layout: `bootstrap.py` (>= 0.6), the 0.5
+`scripts/performance/configs/`, the `--task` choices (`lora` at 0.5, `peft` from 0.6).
+
+The harness flags of each release (spellings, arity, choices, lines) are data in
+`data/bridge_harness_flags.json`; `check_passthrough` judges a harness argv against them.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass, field
+from functools import lru_cache
+from pathlib import Path
+from typing import Optional
+
+PERF = "scripts/performance"
+BOOTSTRAP = f"{PERF}/bootstrap.py"
+RUN_SCRIPT = f"{PERF}/run_script.py"
+RUN_RECIPE = f"{PERF}/run_recipe.py"
+SETUP_EXPERIMENT = f"{PERF}/setup_experiment.py"
+ARGUMENT_PARSER = f"{PERF}/argument_parser.py"
+PACKAGE_INFO = "src/megatron/bridge/package_info.py"
+KEYS = ("0.5", "0.6", "main")
+
+_UT = "tests/unit_tests"
+_COMM = (f"{_UT}/training/test_comm_overlap.py::TestMegatronCommOverlapConfig::"
+         "test_moe_ep_overlap_rejects_moe_in_recompute_modules")
+_THEORY = f"{_UT}/training/utils/test_theoretical_memory_utils.py"
+_PEFT = f"{_UT}/peft/test_recompute.py"
+_R050 = f"{_UT}/recipes/test_r050_perf_recipe_ports.py"
+_QWEN = (f"{_UT}/scripts/performance/test_qwen35_vl_workload_base_configs.py::"
+         "test_qwen35_vl_35b_h100_measured_performance_defaults")
+_PRECEDENCE = f"{_UT}/recipes/test_override_precedence.py"
+_QWEN3_BLOCK = f"{_UT}/models/qwen_vl/modelling_qwen3_vl/test_transformer_block.py"
+_CORE_NEEDS = "torch + megatron-core (tests/unit_tests/conftest.py imports both); CPU"
+
+
+@dataclass(frozen=True)
+class SuiteSpec:
+    paths: tuple              # files or node ids, relative to the checkout root
+    keyword: Optional[str]    # a -k expression, or None
+    needs: str                # what the environment must provide, for the reader
+    why: str = ""             # why it is this selection at this release
+
+
+def _bridge_suites(core: tuple, core_why: str) -> dict:
+    return {
+        "core": SuiteSpec(core, None, _CORE_NEEDS, core_why),
+        # argparse > Hydra > recipe for recompute: TestRecipeDefault, TestRecomputePrecedence A-E,
+        # TestFullChainSanity (test_override_precedence.py, added with the precedence fix, #3518)
+        "precedence": SuiteSpec((_PRECEDENCE,), "recompute or FullChain",
+                                "nemo_run (the test imports the harness's argument_parser) and the "
+                                "DeepSeek-V3 HF config reachable or cached"),
+        # full recompute forward/backward through a TE layer spec (test_checkpointed_forward)
+        "gpu": SuiteSpec((_QWEN3_BLOCK,), "checkpointed", "Transformer Engine; a GPU preferred"),
+    }
+
+
+@dataclass(frozen=True)
+class Release:
+    """What one Bridge release's harness and tests are, for the tools."""
+    key: str
+    read_at: str                       # the git refs these facts were read at
+    local_entry: str                   # what torchrun starts on each rank (flat path)
+    local_entry_recipes: str           # ... with --use_recipes
+    entry_why: str
+    seq_length_sets_model: bool        # -sl sets model.seq_length (else only the dataset's)
+    seq_length_why: str
+    dryrun_validates: bool             # -d builds and validates the config (runtime_config_update)
+    dryrun_why: str
+    precedence: str                    # where Hydra is applied before argparse (the -rl fact)
+    rl_line: str
+    task_choices: tuple
+    local_env_note: str                # what a local torchrun launch lacks, if anything
+    suites: dict = field(default_factory=dict)
+
+
+RELEASES = {
+    "0.5": Release(
+        key="0.5", read_at="v0.5.0, v0.5.1 (harness files byte-identical)",
+        local_entry=RUN_SCRIPT, local_entry_recipes=RUN_RECIPE,
+        entry_why=("0.5 has no bootstrap.py: the rank script is run_script.py, or run_recipe.py with "
+                   "--use_recipes (setup_experiment.py:63-64,510-540 @ v0.5.1)"),
+        seq_length_sets_model=False,
+        seq_length_why=("-sl sets only the mock/squad dataset length at 0.5 (overrides.py:382,417,431 @ "
+                        "v0.5.1), and training asserts model.seq_length == dataset.seq_length "
+                        "(src/megatron/bridge/training/config.py:1376 @ v0.5.1): the sweep also pins "
+                        "model.seq_length through Hydra"),
+        dryrun_validates=False,
+        dryrun_why=("-d at 0.5 writes the config before runtime_config_update, so nothing is validated "
+                    "(run_script.py:105-111 @ v0.5.1): a -d run that succeeds proves nothing about "
+                    "recompute"),
+        precedence="run_script.py:86-87 @ v0.5.1", rl_line="overrides.py:150-153 @ v0.5.1",
+        task_choices=("pretrain", "sft", "lora"),
+        local_env_note=("at 0.5 the perf environment variables (CUDA_DEVICE_MAX_CONNECTIONS, NVTE_*, ...) "
+                        "are set by setup_experiment.py's PerfEnvPlugin on Slurm only "
+                        "(perf_plugins.py:203-590 @ v0.5.1): a local torchrun run lacks them unless "
+                        "exported (--env)"),
+        suites=_bridge_suites(
+            (_THEORY, _PEFT),
+            "the comm-overlap recompute test was added after 0.5 (890cee39b) and "
+            "test_r050_perf_recipe_ports.py / the Qwen3.5-VL test do not exist at 0.5"),
+    ),
+    "0.6": Release(
+        key="0.6", read_at="v0.6.0 (and the 0.6.2 wheel's library; its harness is v0.6.0's)",
+        local_entry=BOOTSTRAP, local_entry_recipes=BOOTSTRAP,
+        entry_why=("bootstrap.py installs the recipe's environment and execs run_script.py or "
+                   "run_recipe.py (bootstrap.py:29-69 @ v0.6.0)"),
+        seq_length_sets_model=True,
+        seq_length_why="-sl sets model.seq_length (overrides.py:514-515 @ v0.6.0)",
+        dryrun_validates=True,
+        dryrun_why=("-d runs runtime_config_update before writing the config "
+                    "(run_script.py:153-164 @ v0.6.0)"),
+        precedence="run_script.py:76-79 @ v0.6.0", rl_line="overrides.py:174-177 @ v0.6.0",
+        task_choices=("pretrain", "sft", "peft"), local_env_note="",
+        suites=_bridge_suites(
+            (_COMM, _THEORY, _PEFT, _R050),
+            "the Qwen3.5-VL workload test exists at v0.6.0 but asserts nothing about recompute "
+            "(its recompute assertions came later, a7f4ad56b)"),
+    ),
+    "main": Release(
+        key="main", read_at="067f987",
+        local_entry=BOOTSTRAP, local_entry_recipes=BOOTSTRAP,
+        entry_why=("bootstrap.py installs the recipe's environment and execs run_script.py or "
+                   "run_recipe.py (bootstrap.py:29-69 @ 067f987)"),
+        seq_length_sets_model=True,
+        seq_length_why="-sl sets model.seq_length (overrides.py:514-515 @ 067f987)",
+        dryrun_validates=True,
+        dryrun_why=("-d runs runtime_config_update before writing the config "
+                    "(run_script.py:153-164 @ 067f987)"),
+        precedence="run_script.py:76-79 @ 067f987", rl_line="overrides.py:174-177 @ 067f987",
+        task_choices=("pretrain", "sft", "peft"), local_env_note="",
+        suites=_bridge_suites(
+            (_COMM, _THEORY, _PEFT, _R050, _QWEN),
+            "every recompute test of the release"),
+    ),
+}
+
+
+# ---------------------------------------------------------------- detection
+@dataclass
+class Detection:
+    key: Optional[str]                 # a RELEASES key, or None when nothing says which
+    how: str                           # one sentence: what was read and what it showed
+    version: Optional[str] = None      # package_info.py's MAJOR.MINOR.PATCH, as text
+    layout: dict = field(default_factory=dict)
+    notes: list = field(default_factory=list)
+    supported: bool = True             # False: older than any release the facts cover
+
+    @property
+    def release(self) -> Optional[Release]:
+        return RELEASES.get(self.key) if self.key else None
+
+    def to_dict(self) -> dict:
+        return {"key": self.key, "how": self.how, "package_info": self.version, "layout": self.layout,
+                "supported": self.supported, "notes": list(self.notes)}
+
+
+_VERSION_PART = re.compile(r"^(MAJOR|MINOR|PATCH)\s*=\s*(\d{1,4})\s*$", re.M)
+_TASK = re.compile(r"""["']--task["'][^)]*?choices\s*=\s*\[([^\]]*)\]""", re.S)
+
+
+def _read_small(path: Path, limit: int = 4 * 2**20) -> Optional[str]:
+    """A small text file of the checkout, or None (read only: nothing is imported or written)."""
+    try:
+        if not path.is_file() or path.stat().st_size > limit:
+            return None
+        return path.read_text(encoding="utf-8", errors="replace")
+    except OSError:
+        return None
+
+
+def package_version(repo: Path) -> Optional[str]:
+    text = _read_small(repo / PACKAGE_INFO)
+    if text is None:
+        return None
+    parts = dict(_VERSION_PART.findall(text))
+    if not {"MAJOR", "MINOR", "PATCH"} <= set(parts):
+        return None
+    return f"{int(parts['MAJOR'])}.{int(parts['MINOR'])}.{int(parts['PATCH'])}"
+
+
+def layout(repo: Path) -> dict:
+    """The structural facts that tell the harness generation apart."""
+    out = {"bootstrap.py": (repo / BOOTSTRAP).is_file(),
+           "run_script.py": (repo / RUN_SCRIPT).is_file(),
+           "setup_experiment.py": (repo / SETUP_EXPERIMENT).is_file(),
+           "argument_parser.py": (repo / ARGUMENT_PARSER).is_file(),
+           "configs/": (repo / PERF / "configs").is_dir(),
+           "perf_recipes/": (repo / "src/megatron/bridge/perf_recipes").is_dir(),
+           "test_override_precedence.py": (repo / _PRECEDENCE).is_file(),
+           "task_choices": None}
+    text = _read_small(repo / ARGUMENT_PARSER)
+    m = _TASK.search(text) if text else None
+    if m:
+        out["task_choices"] = re.findall(r"""["'](\w+)["']""", m.group(1))
+    return out
+
+
+def _version_tuple(v: Optional[str]) -> Optional[tuple]:
+    return tuple(int(x) for x in v.split(".")) if v else None
+
+
+def detect(repo: Optional[Path], forced: Optional[str] = None) -> Detection:
+    """Which Bridge release a checkout is, and how that was decided (never imports it)."""
+    if repo is None:
+        if forced:
+            return Detection(forced, f"given with --bridge-release {forced} (no checkout to read)")
+        return Detection("main", "no checkout given: the facts of main (067f987) are assumed; "
+                                 "pass --bridge-release 0.5 or 0.6 for an older release")
+    version = package_version(repo)
+    lay = layout(repo)
+    vt = _version_tuple(version)
+    tasks = lay["task_choices"] or []
+    new_harness = lay["bootstrap.py"] or "peft" in tasks
+    old_harness = (not lay["bootstrap.py"]) and (lay["configs/"] or "lora" in tasks)
+    said = f"package_info.py says {version}" if version else "no readable package_info.py"
+    notes: list = []
+    if new_harness:
+        gen = "bootstrap.py present" if lay["bootstrap.py"] else "--task choices hold peft"
+        key = "main" if vt is not None and vt >= (0, 7, 0) else "0.6"
+        how = f"{said}; {gen} (the 0.6 harness)"
+        if vt is None:
+            how += "; without a version the 0.6 facts are used (main shares its harness)"
+        elif vt < (0, 6, 0):
+            notes.append(f"package_info.py says {version} but the layout is the 0.6 harness; the layout wins")
+            key = "0.6"
+    elif old_harness:
+        gen = "no bootstrap.py, scripts/performance/configs/ present" if lay["configs/"] else \
+            "no bootstrap.py, --task choices hold lora"
+        key, how = "0.5", f"{said}; {gen} (the 0.5 harness)"
+        if vt is not None and vt >= (0, 6, 0):
+            notes.append(f"package_info.py says {version} but the layout is the 0.5 harness; the layout wins")
+    elif vt is not None:
+        key = "0.5" if vt < (0, 6, 0) else "main" if vt >= (0, 7, 0) else "0.6"
+        how = f"{said}; the harness layout could not be read (scripts/performance incomplete)"
+    else:
+        key, how = None, "neither package_info.py nor the harness layout says which release this is"
+    det = Detection(key, how, version, lay, notes)
+    if key == "0.5" and ((vt is not None and vt < (0, 5, 0)) or not lay["test_override_precedence.py"]):
+        # before the precedence fix (#3518) a run without a recompute flag lost its Hydra recompute
+        # settings, so a Hydra-only control would silently not be the control
+        det.supported = False
+        det.notes.append("older than v0.5.0 (no tests/unit_tests/recipes/test_override_precedence.py): "
+                         "its harness may wipe Hydra recompute overrides, which the sweep's control relies "
+                         "on; --launch refuses it unless --bridge-release is given")
+    if forced:
+        if forced != det.key:
+            det.notes.append(f"--bridge-release {forced} given; the checkout reads as {det.key or 'unknown'} "
+                             f"({how})")
+        det.key, det.how, det.supported = forced, f"given with --bridge-release {forced}", True
+    return det
+
+
+# ---------------------------------------------------------------- flags
+@lru_cache(maxsize=1)
+def _flag_data() -> dict:
+    path = Path(__file__).resolve().parents[1] / "data" / "bridge_harness_flags.json"
+    return json.loads(path.read_text(encoding="utf-8"))["releases"]
+
+
+def flags(key: str) -> list:
+    """The flags of `key`'s harness parser: [{"flags", "value", "line", "choices"?, ...}]."""
+    return _flag_data()[key]["flags"]
+
+
+@lru_cache(maxsize=None)
+def _spellings(key: str) -> dict:
+    return {sp: entry for entry in flags(key) for sp in entry["flags"]}
+
+
+def resolve(token: str, key: str):
+    """(entry, spelling) for an option token at `key` (argparse's abbreviations included);
+    (None, reason) when the parser does not know it."""
+    name = token.split("=", 1)[0]
+    table = _spellings(key)
+    if name in table:
+        return table[name], name
+    if name.startswith("--"):
+        hits = sorted({sp for sp in table if sp.startswith("--") and sp.startswith(name)})
+        entries = {id(table[sp]): table[sp] for sp in hits}
+        if len(entries) == 1:
+            return next(iter(entries.values())), hits[0]
+        if entries:
+            return None, f"ambiguous: could be {', '.join(hits[:6])}"
+    return None, "not a flag of this release's harness"
+
+
+def _is_number(tok: str) -> bool:
+    try:
+        float(tok)
+        return True
+    except ValueError:
+        return False
+
+
+_HYDRA = re.compile(r"^(\+\+|\+|~)?[A-Za-z_][\w.\[\]'\"-]*(=|$)")
+
+
+def check_passthrough(tokens: list, key: str) -> list:
+    """Problems a release's harness parser would hit with `tokens`, before any GPU time.
+
+    The rank scripts call `parse_known_args` and hand what is left to Hydra, so a token argparse
+    does not take must be a `key=value` override: a bare word (a second label after a space)
+    fails in Hydra with "Error parsing override 'X' missing EQUAL". A flag given twice keeps
+    only its last value (argparse), which silently drops the first.
+    """
+    problems = []
+    seen: dict = {}
+    i = 0
+    while i < len(tokens):
+        tok = tokens[i]
+        if tok.startswith("-") and len(tok) > 1 and not _is_number(tok):
+            entry, how = resolve(tok, key)
+            if entry is None:
+                problems.append(f"{tok!r}: {how} at Bridge {key}"
+                                + ("" if "ambiguous" in how else
+                                   "; the rank would hand it to Hydra, which cannot parse it"))
+                i += 1
+                continue
+            name = entry["flags"][-1]
+            value = None
+            if "=" in tok:
+                value = tok.split("=", 1)[1]
+            elif entry["value"] == "one":
+                if i + 1 >= len(tokens):
+                    problems.append(f"{tok!r} needs a value (argparse: expected one argument)")
+                    break
+                value = tokens[i + 1]
+                i += 1
+            elif entry["value"] == "optional" and i + 1 < len(tokens) and not tokens[i + 1].startswith("-"):
+                value = tokens[i + 1]
+                i += 1
+            elif entry["value"] == "many":
+                while i + 1 < len(tokens) and not tokens[i + 1].startswith("-") and "=" not in tokens[i + 1]:
+                    i += 1
+            choices = entry.get("choices")
+            if choices and value is not None:
+                allowed = ["None" if c is None else str(c) for c in choices]
+                if value not in allowed:
+                    problems.append(f"{tok} {value!r}: invalid choice at Bridge {key} "
+                                    f"(choose from {', '.join(allowed)})")
+            if name in seen and not entry.get("append"):
+                problems.append(f"{name} is given twice ({seen[name]!r} and {tok!r}): argparse keeps only "
+                                "the last; give it once (a list flag takes one comma-separated token)")
+            seen.setdefault(name, tok)
+        elif not _HYDRA.match(tok) or "=" not in tok and not tok.startswith("~"):
+            problems.append(f"{tok!r} is neither a harness flag nor a key=value override: the rank hands it "
+                            f"to Hydra, which fails (\"Error parsing override {tok!r} missing EQUAL\"); "
+                            "labels go in one comma-separated token (--recompute_modules a,b)")
+        i += 1
+    return problems

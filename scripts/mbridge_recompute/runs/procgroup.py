@@ -1,0 +1,150 @@
+"""Child process groups that always end: on timeout, on SIGINT / SIGTERM / SIGHUP, and after
+the child's own normal exit.
+
+Every child (a torchrun with its ranks, a pytest with its workers) starts in a new session, so
+it and everything it spawns share one process group that `killpg` can reach: SIGTERM first, then
+SIGKILL after a grace period. A child in its own session does not get the terminal's SIGHUP, so
+when this tool is hung up on it must end the group itself; and a leader that exits normally can
+leave members behind (a data-loader worker, a test's subprocess) that would otherwise hold GPUs
+or a pipe open forever.
+
+Signals are turned into an exception only while the tool waits on a child (`SignalGuard.armed`);
+one that arrives elsewhere -- while a manifest is being written, while a group is being ended -- is
+held and acted on at the next safe point, so a record is never left half-written.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import time
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Optional
+
+HANDLED = tuple(s for s in (signal.SIGINT, signal.SIGTERM, getattr(signal, "SIGHUP", None)) if s is not None)
+
+
+class Terminated(Exception):
+    """A signal asked this tool to stop."""
+
+    def __init__(self, signum: int):
+        super().__init__(signal.Signals(signum).name)
+        self.signum = signum
+
+    @property
+    def name(self) -> str:
+        return signal.Signals(self.signum).name
+
+
+class SignalGuard:
+    """SIGINT, SIGTERM and SIGHUP, held until the tool is at a point where it can stop cleanly."""
+
+    def __init__(self):
+        self.pending: Optional[int] = None
+        self._armed = False
+        self._previous: dict = {}
+
+    def _handler(self, signum, frame):
+        if self.pending is None:
+            self.pending = signum
+        if self._armed:
+            self._armed = False          # a second signal while ending the group only records
+            raise Terminated(signum)
+
+    def __enter__(self) -> "SignalGuard":
+        for s in HANDLED:
+            try:
+                self._previous[s] = signal.signal(s, self._handler)
+            except (ValueError, OSError):  # not the main thread: leave the defaults
+                pass
+        return self
+
+    def __exit__(self, *exc) -> None:
+        for s, h in self._previous.items():
+            signal.signal(s, h if h is not None else signal.SIG_DFL)
+        self._previous.clear()
+
+    @contextmanager
+    def armed(self):
+        """Inside: a signal raises `Terminated` at once (a held one too)."""
+        if self.pending is not None:
+            raise Terminated(self.pending)
+        self._armed = True
+        try:
+            yield
+        finally:
+            self._armed = False
+
+    @property
+    def signal_name(self) -> Optional[str]:
+        return signal.Signals(self.pending).name if self.pending is not None else None
+
+
+def start(argv: list, **kw) -> subprocess.Popen:
+    """`Popen` in a new session (its own process group), stdin closed unless given."""
+    kw.setdefault("stdin", subprocess.DEVNULL)
+    return subprocess.Popen(argv, start_new_session=True, **kw)
+
+
+def group_alive(pgid: int) -> bool:
+    """Whether any live (non-zombie) process is still in process group `pgid`."""
+    proc_dir = Path("/proc")
+    if not proc_dir.is_dir():
+        try:
+            os.killpg(pgid, 0)
+            return True
+        except (ProcessLookupError, PermissionError):
+            return False
+    for stat in proc_dir.glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            continue
+        # after "(comm)": state, ppid, pgrp, ...
+        if len(fields) > 2 and fields[2] == str(pgid) and fields[0] not in ("Z", "X"):
+            return True
+    return False
+
+
+def end_group(proc: subprocess.Popen, grace: float) -> str:
+    """SIGTERM the child's process group, SIGKILL what is left after `grace` seconds.
+
+    Returns "SIGTERM" when the whole group was gone within the grace period, "SIGKILL" when it
+    had to be killed, "already-exited" when nothing of it was left to signal.
+    """
+    pgid = proc.pid
+    if proc.poll() is not None and not group_alive(pgid):
+        return "already-exited"
+    try:
+        os.killpg(pgid, signal.SIGTERM)
+    except ProcessLookupError:
+        proc.wait()
+        return "already-exited"
+    deadline = time.monotonic() + grace
+    how = "SIGKILL"
+    while time.monotonic() < deadline:
+        proc.poll()
+        if proc.returncode is not None and not group_alive(pgid):
+            how = "SIGTERM"
+            break
+        time.sleep(0.05)
+    if how == "SIGKILL":
+        try:
+            os.killpg(pgid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    proc.wait()
+    # members killed by SIGKILL are reaped by init; wait until none is left running
+    until = time.monotonic() + 5
+    while group_alive(pgid) and time.monotonic() < until:
+        time.sleep(0.02)
+    return how
+
+
+def end_leftovers(proc: subprocess.Popen, grace: float) -> Optional[str]:
+    """After the leader exited on its own: end what it left running in its group (None: nothing)."""
+    if not group_alive(proc.pid):
+        return None
+    return end_group(proc, grace)
