@@ -17,7 +17,8 @@ fi
 # kept outside the checkout, so a fresh clone reuses what an earlier run built
 export MBR_ENVS=${MBR_ENVS:-$HOME/.cache/mbridge-recompute/envs}
 bash tests/envs/build.sh >/dev/null
-# (lint: ruff, configured in pyproject.toml, runs here once the tree is clean)
+# lint first (ruff, configured in pyproject.toml): a lint error fails the run like a test
+.venv/bin/python -m ruff check scripts tests benchmarks
 set +e
 .venv/bin/python -m pytest -n 2 "$@"
 rc=$?

@@ -255,7 +255,8 @@ VARIATION_CASES: list = [
                                              "pipeline_model_parallel_layout": "Et*2|t*4|t*4|t*4L"}, None),
     ("v layout VPP 2 from the string", {**PP2, "pipeline_model_parallel_layout": "Et*2|t*2|t*2|t*2L"}, None),
     ("v layout list form + MTP", {**PP2, "mtp_num_layers": 1, "pipeline_model_parallel_layout":
-                                  [["embedding"] + ["decoder"] * 4, ["decoder"] * 4 + ["mtp", "loss"]]}, None),
+                                  [["embedding"] + ["decoder"] * 4,
+                                   ["decoder"] * 4 + ["mtp", "loss"]]}, None),
     ("v layout + first stage", {**PP2, "num_layers_in_first_pipeline_stage": 4,
                                 "pipeline_model_parallel_layout": "Et*4|t*4L"}, None),
     ("v layout bad character", {**PP2, "pipeline_model_parallel_layout": "Et*4|x*4L"}, None),
