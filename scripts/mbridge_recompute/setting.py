@@ -1,11 +1,16 @@
-"""A recompute setting: the five config keys that decide what is recomputed.
+"""A recompute setting: the five config keys that decide what is recomputed, and the layout,
+offloading or optimizer changes a plan's alternative makes beside them.
 
 Shared by the config writer, the checker, the planner and the harness, so that
-"selective [moe_act]" or "full uniform 2" means one thing everywhere.
+"selective [moe_act]", "full uniform 2" or "mlp@virtual_pipeline_model_parallel_size=10" means
+one thing everywhere. Candidate syntax: the recompute part ('[]', 'core_attn',
+'layernorm,moe_act', 'uniform:2', 'block:4', 'none'), then one '@FIELD=VALUE' per changed
+Workload field (a list value joins its items with '+').
 """
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from typing import Optional
 
@@ -19,6 +24,7 @@ class RecomputeSetting:
     method: Optional[str] = None               # full: "uniform" / "block"
     num_layers: Optional[int] = None           # full: per model chunk
     distribute_saved_activations: bool = False
+    changes: tuple = ()                        # ((Workload field, value), ...) sorted; lists as tuples
 
     @classmethod
     def off(cls) -> "RecomputeSetting":
@@ -39,10 +45,32 @@ class RecomputeSetting:
         return cls(w.recompute_granularity, mods, w.recompute_method, w.recompute_num_layers,
                    w.distribute_saved_activations)
 
+    def with_changes(self, **fields) -> "RecomputeSetting":
+        """This setting with Workload fields changed beside the recompute keys."""
+        merged = dict(self.changes)
+        merged.update({k: tuple(v) if isinstance(v, list) else v for k, v in fields.items()})
+        return RecomputeSetting(self.granularity, self.modules, self.method, self.num_layers,
+                                self.distribute_saved_activations, tuple(sorted(merged.items())))
+
+    @property
+    def recompute(self) -> "RecomputeSetting":
+        """The recompute part alone."""
+        return RecomputeSetting(self.granularity, self.modules, self.method, self.num_layers,
+                                self.distribute_saved_activations)
+
     @classmethod
     def parse(cls, text: str, where: str = "candidate") -> "RecomputeSetting":
-        """Candidate syntax: '[]', 'core_attn', 'layernorm,moe_act', 'uniform:2', 'block:4', 'none'."""
-        t = text.strip()
+        """Candidate syntax: '[]', 'core_attn', 'layernorm,moe_act', 'uniform:2', 'block:4', 'none',
+        each optionally followed by '@FIELD=VALUE' changes."""
+        base, *parts = text.strip().split("@")
+        setting = cls._parse_recompute(base, text, where)
+        if parts:
+            setting = setting.with_changes(**dict(_parse_change(p, text, where) for p in parts))
+        return setting
+
+    @classmethod
+    def _parse_recompute(cls, t: str, text: str, where: str) -> "RecomputeSetting":
+        t = t.strip()
         if t in ("none", "off", "null"):
             return cls.off()
         if t in ("[]", ""):
@@ -68,37 +96,106 @@ class RecomputeSetting:
         return w.replace(recompute_granularity=self.granularity,
                          recompute_modules=list(self.modules) if self.modules is not None else None,
                          recompute_method=self.method, recompute_num_layers=self.num_layers,
-                         distribute_saved_activations=self.distribute_saved_activations)
+                         distribute_saved_activations=self.distribute_saved_activations,
+                         **{k: list(v) if isinstance(v, tuple) else v for k, v in self.changes})
 
     def as_fields(self) -> dict:
-        return {"recompute_granularity": self.granularity,
-                "recompute_modules": list(self.modules) if self.modules is not None else None,
-                "recompute_method": self.method, "recompute_num_layers": self.num_layers}
+        out = {"recompute_granularity": self.granularity,
+               "recompute_modules": list(self.modules) if self.modules is not None else None,
+               "recompute_method": self.method, "recompute_num_layers": self.num_layers}
+        if self.changes:
+            out["changes"] = {k: list(v) if isinstance(v, tuple) else v for k, v in self.changes}
+        return out
+
+    @property
+    def kind(self) -> str:
+        """What the candidate changes: recompute, layout, cp, offload, optimizer (joined by +)."""
+        kinds = []
+        fields = {f for f, _ in self.changes}
+        for field in sorted(fields):
+            k = CHANGE_KINDS.get(field, "layout")
+            if k == "vpp" and "pipeline_model_parallel_layout" in fields:
+                continue          # a layout sets VPP itself (its stages over PP)
+            if k not in kinds:
+                kinds.append(k)
+        if self.granularity is not None and (self.modules != () or self.granularity == "full"):
+            kinds.append("recompute")
+        return "+".join(kinds) or "recompute"
 
     def slug(self) -> str:
         """File-name-safe name (run directories, -wdj names): off, empty, core_attn,
-        layernorm+moe_act, uniform2, block4. The candidate string is `candidate()`."""
+        layernorm+moe_act, uniform2, block4, empty-vpp10. The candidate string is `candidate()`."""
         if self.granularity is None:
-            return "off"
-        if self.granularity == "full":
-            return f"{self.method}{self.num_layers}"
-        return "+".join(self.modules) if self.modules else "empty"
+            base = "off"
+        elif self.granularity == "full":
+            base = f"{self.method}{self.num_layers}"
+        else:
+            base = "+".join(self.modules) if self.modules else "empty"
+        for field, value in self.changes:
+            base += "-" + SHORT.get(field, field) + re.sub(r"[^A-Za-z0-9]+", "_", _token(value))
+        return base
 
     def candidate(self) -> str:
         """The candidate string `parse` (and `run_harness.py --candidates`) reads back."""
         if self.granularity is None:
-            return "none"
-        if self.granularity == "full":
-            return f"{self.method}:{self.num_layers}"
-        if self.modules is None:
-            return "core_attn"   # MCore's default list (tc:1193-1194 @ core_v0.16.1), spelled out
-        return ",".join(self.modules) if self.modules else "[]"
+            base = "none"
+        elif self.granularity == "full":
+            base = f"{self.method}:{self.num_layers}"
+        elif self.modules is None:
+            base = "core_attn"   # MCore's default list (tc:1193-1194 @ core_v0.16.1), spelled out
+        else:
+            base = ",".join(self.modules) if self.modules else "[]"
+        return base + "".join(f"@{k}={_token(v)}" for k, v in self.changes)
 
     def describe(self) -> str:
         if self.granularity is None:
-            return "no recompute"
-        if self.granularity == "full":
-            return f"full {self.method} {self.num_layers}"
-        if self.modules is None:
-            return "selective (default [core_attn])"
-        return f"selective [{', '.join(self.modules)}]"
+            base = "no recompute"
+        elif self.granularity == "full":
+            base = f"full {self.method} {self.num_layers}"
+        elif self.modules is None:
+            base = "selective (default [core_attn])"
+        else:
+            base = f"selective [{', '.join(self.modules)}]"
+        if self.changes:
+            base += " with " + ", ".join(f"{k}={_token(v)}" for k, v in self.changes)
+        return base
+
+
+# The kind of change a Workload field makes, for the frontier's marks.
+CHANGE_KINDS = {"virtual_pipeline_model_parallel_size": "vpp", "pipeline_model_parallel_layout": "layout",
+                "num_layers_in_first_pipeline_stage": "layout", "num_layers_in_last_pipeline_stage": "layout",
+                "context_parallel_size": "cp", "use_distributed_optimizer": "optimizer",
+                "fine_grained_activation_offloading": "offload", "offload_modules": "offload"}
+SHORT = {"virtual_pipeline_model_parallel_size": "vpp", "pipeline_model_parallel_layout": "layout",
+         "context_parallel_size": "cp", "use_distributed_optimizer": "distopt",
+         "fine_grained_activation_offloading": "offload", "offload_modules": "mods"}
+
+
+def _token(value) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if value is None:
+        return "null"
+    if isinstance(value, (list, tuple)):
+        return "+".join(str(v) for v in value)
+    return str(value)
+
+
+def _parse_change(part: str, text: str, where: str) -> tuple:
+    from mbridge_recompute.workload import FIELDS
+
+    field, eq, raw = part.partition("=")
+    field = field.strip()
+    if not eq or field not in FIELDS:
+        raise InputError(where, f"{text!r}: '@{part}' is not '@FIELD=VALUE' with a Workload field")
+    raw = raw.strip()
+    if FIELDS[field].metadata.get("kind") == "labels":
+        return field, tuple(x for x in raw.split("+") if x)
+    low = raw.lower()
+    if low in ("true", "false"):
+        return field, low == "true"
+    if low in ("null", "none"):
+        return field, None
+    if re.fullmatch(r"-?\d+", raw):
+        return field, int(raw)
+    return field, raw

@@ -72,6 +72,10 @@ def add_arguments(parser) -> None:
                    help="full recompute: layers per group (uniform) or per model chunk (block)")
     g.add_argument("--distribute-saved-activations", action="store_true",
                    help="full recompute only: split the saved layer inputs across TP ranks (no SP)")
+    g.add_argument("--candidate", metavar="TEXT",
+                   help="a plan candidate instead of the options above: 'moe_act', '[]', 'uniform:2', "
+                        "or one with layout / offload changes, 'mlp@virtual_pipeline_model_parallel_size=10' "
+                        "(the names plan --json and --alternatives print)")
     o = parser.add_argument_group("output")
     o.add_argument("--format", choices=FORMATS, default="python", help="default: python")
     o.add_argument("--json", action="store_true",
@@ -108,6 +112,16 @@ def setting_from_args(args, version: str):
     """The RecomputeSetting the options describe, or InputError naming the option at fault."""
     from mbridge_recompute.setting import RecomputeSetting
 
+    if getattr(args, "candidate", None) is not None:
+        for opt, given in (("--granularity", args.granularity), ("--modules", args.modules is not None),
+                           ("--method", args.method), ("--num-layers", args.num_layers is not None),
+                           ("--distribute-saved-activations", args.distribute_saved_activations)):
+            if given:
+                raise InputError(opt, "goes without --candidate (the candidate says it all)")
+        setting = RecomputeSetting.parse(args.candidate, "--candidate")
+        if setting.modules:
+            parse_modules("[" + ",".join(setting.modules) + "]", version)
+        return setting
     g = args.granularity
     if g is None:
         if args.modules is not None:
@@ -200,7 +214,7 @@ def check_setting(setting, args, version: str) -> dict:
         base = load_workload(args.workload, args.sets, args.model, args.hf_config, version)
     else:
         base = baseline_workload(setting)
-    w = base.replace(**written_fields(setting))
+    w = setting.apply(base.replace(**written_fields(setting)))   # the layout changes too
     report = check_workload(w, validator="builtin", version=version)
     return {"ok": report["ok"], "validator": report["validator"], "version": report["version"],
             "facts": report["facts"], "release": report["release"],

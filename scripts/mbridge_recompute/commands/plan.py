@@ -48,6 +48,11 @@ def add_arguments(parser) -> None:
     parser.add_argument("--rank", type=int, metavar="R",
                         help="pipeline rank for --free-gb (default: the rank --measured says ran "
                              "out of memory, else the hottest)")
+    parser.add_argument("--alternatives", action="store_true",
+                        help="also price layout, offloading and optimizer changes for the same GPU "
+                             "count (other VPP sizes, a layout moving layers off the hottest rank, "
+                             "CP, the distributed optimizer, fine-grained offloading), alone and "
+                             "with recompute, on the same frontier")
     parser.add_argument("--per-rank", action="store_true",
                         help="text: every pipeline rank's saving per label and peak per candidate")
     parser.add_argument("--json", action="store_true", help="one JSON object on stdout (sizes in bytes)")
@@ -85,6 +90,7 @@ def run(args) -> int:
     report = plan(w, budget_gb=args.budget_gb, measured_peak_gb=args.measured_peak_gb,
                   measured=measured, measured_iteration=args.measured_iteration,
                   free_gb=args.free_gb, rank=args.rank, per_rank=args.per_rank,
+                  alternatives=args.alternatives,
                   version=release, top=args.top)
     if args.model:
         from mbridge_recompute.inputs import catalog
@@ -136,6 +142,8 @@ def render_text(r) -> str:
     out.append("")
     if r.estimate is not None:
         out += _rank_table(r) + [""] + _label_table(r) + [""] + _frontier_table(r) + [""]
+        if r.side_by_side:
+            out += _alternatives_table(r) + [""]
     cur = r.current
     if cur is not None:
         out.append(f"current setting {cur.setting.describe()}: predicted peak {gb(cur.peak_bytes)} GB, "
@@ -158,8 +166,14 @@ def render_text(r) -> str:
 
         verdict = "fits" if rec.fits else "does NOT fit"
         out.append(f"recommendation: {rec.setting.describe()} ({rec.name}): predicted peak "
-                   f"{gb(rec.peak_bytes)} GB on pp_rank {rec.hottest_pp_rank}, replay cost "
-                   f"{rec.cost_pct:.2f} %, {verdict} the {gb(r.budget_bytes)} GB budget")
+                   f"{gb(rec.peak_bytes)} GB on pp_rank {rec.hottest_pp_rank}, "
+                   + ("modelled step cost" if r.alternatives else "replay cost")
+                   + f" {rec.cost_pct:.2f} %, {verdict} the {gb(r.budget_bytes)} GB budget")
+        pure = r.recompute_recommendation
+        if r.alternatives and pure is not None and pure.name != rec.name:
+            out.append(f"  beside it, the cheapest recompute-only setting: {pure.setting.describe()} "
+                       f"({pure.name}): {gb(pure.peak_bytes)} GB, cost {pure.cost_pct:.2f} %, "
+                       + ("fits" if pure.fits else "does NOT fit"))
         snip = render_all(rec.setting)
         if snip.get("yaml"):
             out += ["", "Bridge YAML:", snip["yaml"].rstrip()]
@@ -217,21 +231,37 @@ def _label_table(r) -> list:
             table(headers, rows, "llr" + "r" * ranks + "rl")]
 
 
+def _alternatives_table(r) -> list:
+    from mbridge_recompute.output import table
+
+    rows = [[a["name"], a["kind"], gb(a["frees_bytes"]), gb(a["peak_bytes"]), f"{a['cost_pct']:.2f}",
+             "yes" if a["fits"] else "no", a["detail"] or ("dominated by " + a["dominated_by"]
+                                                           if a["dominated_by"] else "")]
+            for a in r.side_by_side]
+    return ["alternatives beside recompute (each alone on the current setting; frees = current peak "
+            "minus its peak; cost = change of the modelled step)",
+            table(["candidate", "kind", "frees GB", "peak GB", "cost %", "fits", "how"], rows, "llrrrll")]
+
+
 def _frontier_table(r) -> list:
     from mbridge_recompute.output import table
 
     front = r.shown_frontier
     limit = r.top or TEXT_FRONTIER_ROWS
     ranks = len(r.estimate.ranks) if r.per_rank else 0
-    rows = [[c.name, gb(c.peak_bytes)] + [gb(c.rank_peak(k)) for k in range(ranks)]
-            + [f"{c.cost_pct:.2f}", "yes" if c.fits else "no", c.peak_term] for c in front[:limit]]
+    kind = [c.setting.kind for c in front[:limit]] if r.alternatives else None
+    rows = [[c.name] + ([kind[i]] if kind else []) + [gb(c.peak_bytes)]
+            + [gb(c.rank_peak(k)) for k in range(ranks)]
+            + [f"{c.cost_pct:.2f}", "yes" if c.fits else "no", c.peak_term]
+            for i, c in enumerate(front[:limit])]
     more = len(front) - min(limit, len(front))
     dominated = sum(1 for c in r.candidates if c.dominated_by is not None)
     rejected = [c for c in r.candidates if not c.allowed]
     out = [f"frontier (peak vs replay cost; {dominated} dominated and {len(rejected)} rejected "
            f"candidates not shown{f', {more} more points' if more > 0 else ''})",
-           table(["candidate", "peak GB"] + [f"rank {k}" for k in range(ranks)]
-                 + ["cost %", "fits", "peak term"], rows, "lr" + "r" * ranks + "rll")]
+           table(["candidate"] + (["kind"] if kind else []) + ["peak GB"]
+                 + [f"rank {k}" for k in range(ranks)] + ["cost %", "fits", "peak term"], rows,
+                 "l" + ("l" if kind else "") + "r" + "r" * ranks + "rll")]
     groups: dict = {}
     for c in rejected:
         groups.setdefault(", ".join(c.rejected_by), []).append(c.name)
@@ -258,7 +288,13 @@ def _plot(r, path: Path, force: bool = False) -> str:
     front = sorted(r.frontier, key=lambda c: c.cost_pct)
     ax.scatter([c.cost_pct for c in dom], [c.peak_bytes / GB for c in dom], s=12, c="0.7",
                label="dominated")
-    ax.plot([c.cost_pct for c in front], [c.peak_bytes / GB for c in front], "o-", label="frontier")
+    ax.plot([c.cost_pct for c in front], [c.peak_bytes / GB for c in front], "-", c="C0", lw=1,
+            label="frontier")
+    markers = {"recompute": "o", "vpp": "s", "layout": "D", "cp": "^", "offload": "v", "optimizer": "P"}
+    for kind in dict.fromkeys(c.setting.kind.split("+")[0] for c in front):
+        pts = [c for c in front if c.setting.kind.split("+")[0] == kind]
+        ax.scatter([c.cost_pct for c in pts], [c.peak_bytes / GB for c in pts],
+                   marker=markers.get(kind, "o"), s=28, label=f"frontier: {kind}")
     seen = set()
     for c in front[:12]:
         spot = (round(c.cost_pct, 2), round(c.peak_bytes / GB, 2))
@@ -272,11 +308,12 @@ def _plot(r, path: Path, force: bool = False) -> str:
     if rec:
         ax.scatter([rec.cost_pct], [rec.peak_bytes / GB], s=90, facecolors="none", edgecolors="g",
                    label=f"recommended: {rec.name}")
-    ax.set_xlabel("modelled replay cost (% of step)")
+    ax.set_xlabel("modelled step cost (% of step)" if r.alternatives else "modelled replay cost (% of step)")
     ax.set_ylabel("predicted peak on the hottest rank (GB)"
                   + (", calibrated" if r.calibration else ""))
     ax.legend(fontsize=8)
-    ax.set_title("candidates: peak vs replay cost", fontsize=9)
+    ax.set_title("candidates: peak vs " + ("modelled step cost" if r.alternatives else "replay cost"),
+                 fontsize=9)
     fig.tight_layout()
     import io
 

@@ -143,7 +143,8 @@ def plan(w, budget_gb: Optional[float] = None, measured_peak_gb: Optional[float]
          measured_source: str = "--measured-peak-gb", version=None,
          top: Optional[int] = None, measured: Optional[Measured] = None,
          measured_iteration: Optional[int] = None, free_gb: Optional[float] = None,
-         rank: Optional[int] = None, per_rank: bool = False) -> PlanReport:
+         rank: Optional[int] = None, per_rank: bool = False,
+         alternatives: bool = False) -> PlanReport:
     """The whole planning report for workload `w` on megatron-core `version` (a
     `releases.Release`, a release string, or None for the installed / newest one).
 
@@ -200,10 +201,26 @@ def plan(w, budget_gb: Optional[float] = None, measured_peak_gb: Optional[float]
     if measured is not None and measured.hottest_bytes is not None:
         calibration = calibrate(w, control, measured)
     settle(cands + [current_cand], budget, calibration)
+    recompute_rec = None
+    if alternatives:
+        from mbridge_recompute.plan import alternatives as alt
+
+        mark_dominated(cands)
+        recompute_rec = recommend(sorted(cands, key=order))
+        front = sorted((c for c in cands if c.allowed and c.dominated_by is None), key=order)
+        bases = [c.setting for c in front[:4]]
+        bases += [c.setting for c in front if c.setting.granularity == "full"][:1]
+        extra = [pricer.price(s) for s in alt.settings(w, version, list(control.rank_peaks), bases)
+                 if s not in {c.setting for c in cands}]
+        cands += extra
+        for c in cands:
+            c.dominated_by = None
+        settle(cands + [current_cand], budget, calibration)
     mark_dominated(cands)
     cands.sort(key=order)
     rec = recommend(cands)
     fits = rec is not None and rec.fits
+    side_by_side = alternative_rows(w, cands, current_cand) if alternatives else []
     free = None
     if need is not None:
         target = rank if rank is not None else (
@@ -223,6 +240,15 @@ def plan(w, budget_gb: Optional[float] = None, measured_peak_gb: Optional[float]
                        f"{chunks.distinct_chunk_sizes} layers and block 1..{max(chunks.chunk_sizes)}; "
                        "each checked with the built-in rules")
     assumptions += [f"label {n}" for n in notes]
+    if alternatives:
+        assumptions.append(
+            "alternatives (--alternatives), same GPU count: other VPP sizes dividing every rank's "
+            "layers, a layout moving 1-2 layers off the hottest rank, context parallelism, the "
+            "distributed optimizer, fine-grained offloading of the modules holding the most; each "
+            "alone and with the recompute frontier's cheapest points. Cost = change of the modelled "
+            "step: micro-batches x (3 x forward + replay + exposed offload / CP transfers) x "
+            "(1 + bubble), bubble = (p-1)/(v*m); pipeline P2P traffic and the distributed "
+            "optimizer's collectives are taken as overlapped (no modelled time)")
     if pricer.baseline_errors:
         assumptions.append("the workload has errors under every recompute setting ("
                            + ", ".join(sorted(pricer.baseline_errors))
@@ -241,9 +267,45 @@ def plan(w, budget_gb: Optional[float] = None, measured_peak_gb: Optional[float]
         labels=effects, candidates=cands, current=current_cand, recommendation=rec, fits=fits,
         diagnosis=None if fits else (diagnose_no_free(free) if free else
                                      diagnose_no_fit(current, rec, budget)),
-        calibration=calibration, free=free, per_rank=per_rank,
+        calibration=calibration, free=free, per_rank=per_rank, alternatives=alternatives,
+        recompute_recommendation=recompute_rec, side_by_side=side_by_side,
         workload_findings=errors(pricer.baseline["findings"]),
         assumptions=assumptions, top=top, release=release)
+
+
+def alternative_rows(w, cands: list, current) -> list:
+    """Each alternative alone (on the current recompute setting) beside every allowed single
+    label and full recompute with one layer per checkpoint: what it frees on the hottest rank
+    against the current setting, its modelled step cost and, for layout kinds, the bubble."""
+    from mbridge_recompute import memory
+
+    now = current.setting.recompute
+    cur = memory.step_cost(w)
+    rows = []
+    for c in cands:
+        alone = c.setting.changes and c.setting.recompute == now
+        single = not c.setting.changes and c.setting.granularity == "selective" \
+            and len(c.setting.modules or ()) == 1
+        full1 = not c.setting.changes and c.setting.granularity == "full" and c.setting.num_layers == 1
+        if not (alone or single or full1) or not c.allowed:
+            continue
+        row = {"name": c.name, "kind": c.setting.kind, "peak_bytes": c.peak_bytes,
+               "frees_bytes": current.peak_bytes - c.peak_bytes, "cost_pct": round(c.cost_pct, 3),
+               "fits": c.fits, "dominated_by": c.dominated_by, "detail": ""}
+        if alone:
+            new = memory.step_cost(c.setting.apply(w))
+            parts = []
+            if new.bubble != cur.bubble:
+                parts.append(f"bubble {100 * cur.bubble:.2f} % -> {100 * new.bubble:.2f} %")
+            if new.microbatches != cur.microbatches:
+                parts.append(f"micro-batches {cur.microbatches} -> {new.microbatches}")
+            for what, a, b in (("exposed offload", cur.offload, new.offload),
+                               ("exposed CP exchange", cur.cp, new.cp)):
+                if b != a:
+                    parts.append(f"{what} {100 * b / (3 * new.forward):.2f} % of the compute")
+            row["detail"] = ", ".join(parts)
+        rows.append(row)
+    return sorted(rows, key=lambda r: (r["cost_pct"], r["peak_bytes"]))
 
 
 def diagnose_no_free(free: dict) -> str:

@@ -32,10 +32,18 @@ class Pricer:
         """The candidate as megatron-core would run it: what the checker finds switched off
         (its silent no-ops' `disables`) is priced as not recomputed."""
         from mbridge_recompute import memory
+        from mbridge_recompute.placement import place
 
         with_setting = setting.apply(self.w)
         if findings is None:
             findings = self.findings(setting)
+        split = place(with_setting, self.version)
+        if not split.ok:
+            # a layout megatron-core rejects: a rejected point, nothing to model
+            p = self.w.pipeline_model_parallel_size
+            ids = sorted({f["id"] for f in errors(findings)} | {pr.cid for pr in split.problems})
+            return Candidate(setting=setting, rank_peaks=(0,) * p, rank_terms=("",) * p,
+                             cost_pct=0.0, rejected_by=tuple(ids))
         off = disabled_by(findings)
         est = memory.estimate(with_setting, disabled=off)
         cost = float(memory.step_cost_pct(with_setting, self.reference, disabled=off))

@@ -64,7 +64,7 @@ class Candidate:
         return self.rank_terms[self.hottest_pp_rank]
 
     def to_dict(self) -> dict:
-        d = {"name": self.name, "describe": self.setting.describe()}
+        d = {"name": self.name, "describe": self.setting.describe(), "kind": self.setting.kind}
         d.update(self.setting.as_fields())
         d.update({"peak_bytes": int(self.peak_bytes), "model_peak_bytes": int(self.model_peak_bytes),
                   "hottest_pp_rank": self.hottest_pp_rank, "peak_term": self.peak_term,
@@ -153,6 +153,9 @@ class PlanReport:
     extra: dict = field(default_factory=dict)   # set by the command: model_source, plot
     warnings: list = field(default_factory=list)  # not-modelled settings (memory/coverage.py)
     free: Optional[dict] = None       # --free-gb: the rank, what was asked, what the answer frees
+    alternatives: bool = False        # --alternatives: layout / offload / optimizer points too
+    recompute_recommendation: Optional[Candidate] = None   # the cheapest pure-recompute answer
+    side_by_side: list = field(default_factory=list)       # alternatives beside single labels
     per_rank: bool = False            # --per-rank: the text shows every rank's numbers
 
     NEIGHBOURS = 2                    # sweep neighbours of the recommendation without --top
@@ -216,6 +219,9 @@ class PlanReport:
             "workload_findings": list(self.workload_findings),
             "warnings": list(self.warnings),
             "free": dict(self.free) if self.free else None,
+            "alternatives": list(self.side_by_side),
+            "recompute_recommendation": (self.recompute_recommendation.to_dict()
+                                         if self.recompute_recommendation else None),
             "assumptions": list(self.assumptions),
         }
         out.update(self.extra)

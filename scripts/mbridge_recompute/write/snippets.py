@@ -98,10 +98,80 @@ def _scalar(value) -> str:
     if isinstance(value, int):
         return str(value)
     if isinstance(value, str):
-        return value
+        if re.fullmatch(r"[A-Za-z0-9_.\-/]+", value):
+            return value
+        # a layout string ('Et*3|(tt|)*6tmL'): quoted, as YAML and Hydra's override grammar read it
+        return "'" + value.replace("'", "''") + "'"
     if isinstance(value, (list, tuple)):
         return "[" + ",".join(_scalar(v) for v in value) + "]"
     raise TypeError(f"cannot write {value!r} as a scalar")
+
+
+# The Megatron-LM flag of each field an alternative changes (arguments.py @ core_v0.16.1; a
+# TransformerConfig field's flag is "--" + name with "_" -> "-" unless Megatron-LM renames it).
+MLM_FLAGS = {"virtual_pipeline_model_parallel_size": "--num-virtual-stages-per-pipeline-rank",
+             "pipeline_model_parallel_layout": "--pipeline-model-parallel-layout",
+             "num_layers_in_first_pipeline_stage": "--decoder-first-pipeline-num-layers",
+             "num_layers_in_last_pipeline_stage": "--decoder-last-pipeline-num-layers",
+             "context_parallel_size": "--context-parallel-size",
+             "use_distributed_optimizer": "--use-distributed-optimizer",
+             "fine_grained_activation_offloading": "--fine-grained-activation-offloading",
+             "offload_modules": "--offload-modules"}
+
+
+def changed_fields(setting) -> list:
+    """(Bridge config section, field, value) for each Workload field the setting changes beside
+    its recompute keys. Bridge reads the distributed optimizer from both ddp and optimizer
+    (training/config.py:1955-1967 @ v0.6.2 turns it on for both when either says so), so both
+    are written."""
+    from mbridge_recompute.workload import FIELDS
+
+    out = []
+    for field, value in getattr(setting, "changes", ()):
+        value = list(value) if isinstance(value, tuple) else value
+        section = FIELDS[field].metadata["section"]
+        out.append((section, field, value))
+        if field == "use_distributed_optimizer":
+            out.append(("optimizer", field, value))
+    return out
+
+
+def _changes_text(fmt: str, setting) -> str:
+    rows = changed_fields(setting)
+    if not rows:
+        return ""
+    if fmt == "python":
+        return "".join(f"cfg.{sec}.{f} = {_py(v)}\n" for sec, f, v in rows)
+    # YAML: the model keys continue the template's model block; other sections follow, once each
+    def line(f, v):
+        text = _scalar(v)
+        return f"  {f}: {text.replace(',', ', ') if isinstance(v, list) else text}\n"
+    out = "".join(line(f, v) for sec, f, v in rows if sec == "model")
+    for section in dict.fromkeys(sec for sec, _, _ in rows if sec != "model"):
+        out += f"{section}:\n" + "".join(line(f, v) for sec, f, v in rows if sec == section)
+    return out
+
+
+def _changes_overrides(setting) -> list:
+    return [f"{sec}.{f}={_scalar(v)}" for sec, f, v in changed_fields(setting)]
+
+
+def _changes_mlm(setting) -> list:
+    out = []
+    for sec, f, v in changed_fields(setting):
+        if sec == "optimizer":
+            continue
+        flag = MLM_FLAGS.get(f, "--" + f.replace("_", "-"))
+        if isinstance(v, bool):
+            if not v:
+                raise NotExpressible("mlm", f"{flag} is a store_true flag: false is its default, "
+                                            "pass nothing")
+            out.append(flag)
+        elif isinstance(v, list):
+            out += [flag, *map(str, v)]
+        elif v is not None:
+            out += [flag, str(v)]
+    return out
 
 
 # ---------------------------------------------------------------- templates
@@ -123,11 +193,18 @@ def _env():
 
 
 def _render_text(fmt: str, setting) -> str:
-    return _env().get_template(f"{fmt}.j2").render(
-        f=written_fields(setting), title=_title(setting))
+    text = _env().get_template(f"{fmt}.j2").render(f=written_fields(setting), title=_title(setting))
+    extra = _changes_text(fmt, setting)
+    if extra:
+        text += ("# Beside the recompute keys, the layout / offloading / optimizer change:\n"
+                 if fmt == "python" else "  # beside the recompute keys:\n") + extra
+    return text
 
 
 def _title(setting) -> str:
+    if getattr(setting, "changes", ()):
+        return _title(setting.recompute) + "; with " + ", ".join(
+            f"{f}={_scalar(v)}" for _, f, v in changed_fields(setting) if _ != "optimizer")
     if setting.granularity is None:
         return "off (no activation recompute)"
     if setting.granularity == "full":
@@ -233,7 +310,8 @@ def render(setting, fmt: str) -> Union[str, list]:
     if fmt in TEXT_FORMATS:
         return _render_text(fmt, setting)
     fields = written_fields(setting)
-    return {"overrides": _overrides, "harness": _harness, "mlm": _mlm}[fmt](fields)
+    tokens = {"overrides": _overrides, "harness": _harness, "mlm": _mlm}[fmt](fields)
+    return tokens + (_changes_mlm(setting) if fmt == "mlm" else _changes_overrides(setting))
 
 
 def render_all(setting) -> dict:
