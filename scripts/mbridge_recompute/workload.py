@@ -253,6 +253,12 @@ class Workload:
     """Per GPU, decimal GB as nvidia-smi and Bridge print."""
     te_version: Optional[str] = _f(None, section="cluster", kind="version", origin=OURS)
     """Transformer Engine on the training nodes, if known (decides the TE-gated rules)."""
+    defaults_source: Literal["mcore", "bridge", "megatron-lm"] = _f("mcore", section="", origin=OURS)
+    """Whose defaults the unset fields took: mcore (TransformerConfig's), bridge (a Bridge model
+    provider's) or megatron-lm (pretrain_gpt.py's arguments); inputs/defaults.py holds the tables."""
+    not_modelled: list[str] = _f([], section="", origin=OURS)
+    """`section.field=value` of the input that can change memory and that the memory model does not
+    represent (inputs/fields.py); check and plan name them."""
     extra_model: dict = _f({}, section="", origin=OURS)
     """Model-section keys that are real MCore/Bridge fields but not Workload fields; passed to the
     live validator unchanged, and read by the memory model where noted (memory/shape.py)."""
