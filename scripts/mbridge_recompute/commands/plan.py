@@ -47,7 +47,7 @@ def add_arguments(parser) -> None:
 
 
 def run(args) -> int:
-    from mbridge_recompute.inputs.loading import load_workload
+    from mbridge_recompute.inputs.loading import load_from_args
     from mbridge_recompute.plan.budget import measured_peak_from_compare
     from mbridge_recompute.plan.planner import plan
 
@@ -58,13 +58,15 @@ def run(args) -> int:
     from mbridge_recompute.facts import releases
 
     release = releases.target(args.mcore_version)
-    w = load_workload(args.workload, args.sets, model=args.model, hf_config=args.hf_config,
-                      mcore_version=release.requested, default=True)
+    w = load_from_args(args, release.requested, default=True)
     measured, source = args.measured_peak_gb, "--measured-peak-gb"
     if args.measured:
         measured, source = measured_peak_from_compare(args.measured), f"--measured {args.measured}"
     report = plan(w, budget_gb=args.budget_gb, measured_peak_gb=measured, measured_source=source,
                   version=release, top=args.top)
+    if w.not_modelled:   # input fields that can change memory and that the model does not represent
+        report.assumptions.append("not modelled (read from the input, can change memory): "
+                                  + "; ".join(w.not_modelled))
     if args.model:
         from mbridge_recompute.inputs import catalog
 
