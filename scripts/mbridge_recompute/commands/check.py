@@ -76,6 +76,7 @@ def run(args) -> int:
         with contextlib.redirect_stdout(sys.stderr):
             report = check_workload(workload, validator=args.validator,
                                     version=release if args.mcore_version else None)
+        _fill_label_message(report, workload)
         report["findings"] += _input_findings(workload, report)
         report["input"] = {"defaults_source": workload.defaults_source,
                            "not_modelled": list(workload.not_modelled)}
@@ -127,6 +128,23 @@ def _finding(fid: str, severity: str, message: str, fix: str, citation: str, kin
             "upstream_message": upstream, "citation": citation, "kind": kind}
 
 
+def _fill_label_message(report: dict, w) -> None:
+    """The built-in table's modules-invalid-label finding with megatron-core's message filled in
+    as `__post_init__` formats it (a Python set of the invalid labels, then of the allowed ones;
+    tc:1208-1211 @ core_v0.16.1). Set order varies from run to run upstream; here it is sorted."""
+    from mbridge_recompute.facts import releases
+
+    for f in report.get("findings", []):
+        text = f.get("upstream_message") or ""
+        if f["id"] != "modules-invalid-label" or "{invalid_modules}" not in text:
+            continue
+        allowed = releases.labels_for(report.get("facts") or releases.target_version())
+        mods = w.recompute_modules or []
+        invalid = sorted(set(mods) - set(allowed))
+        f["upstream_message"] = text.format(invalid_modules="{" + ", ".join(map(repr, invalid)) + "}",
+                                            allowed_modules="{" + ", ".join(map(repr, sorted(allowed))) + "}")
+
+
 def _input_findings(w, report: dict) -> list:
     out = []
     key = report.get("facts") or "0.19"
@@ -137,6 +155,15 @@ def _input_findings(w, report: dict) -> list:
             "does not), so this run recomputes core attention",
             "write the labels out: recompute_modules=[core_attn] to keep it, or [] for the matched control",
             f"{_PROMOTION_AT.get(key, _PROMOTION_AT['0.19'])} @ the {key} facts", "config"))
+    later = _fields_of_other_releases(w, key)
+    if later:
+        out.append(_finding(
+            "input-fields-of-another-release", "info",
+            f"the input has TransformerConfig fields megatron-core {key} does not have "
+            f"({', '.join(later[:6])}{', ...' if len(later) > 6 else ''}): it was written for another "
+            "release",
+            "pass --mcore-version for the release the job runs (a megatron-bridge 0.6.2 dump: 0.19)",
+            "data/upstream_fields.json", "input"))
     if w.not_modelled:
         out.append(_finding(
             "input-not-modelled", "info",
@@ -145,6 +172,20 @@ def _input_findings(w, report: dict) -> list:
             "measure with the harness (run_harness.py --launch) before trusting the predicted peak",
             "data/field_relevance.yaml", "input"))
     return out
+
+
+def _fields_of_other_releases(w, key: str) -> list:
+    """Model fields of the workload that release `key` lacks and another release has."""
+    from mbridge_recompute.inputs import fields
+
+    mine = fields.transformer_config_fields(key)
+    others = set()
+    for k in fields.mcore_releases():
+        if k != key:
+            others |= fields.transformer_config_fields(k)
+    given = [n for n, v in w.extra_model.items() if v is not None]
+    given += [n for n in ("cuda_graph_modules",) if getattr(w, n, None) is not None]
+    return sorted({n for n in given if n not in mine and n in others})
 
 
 def _run_findings(s) -> list:

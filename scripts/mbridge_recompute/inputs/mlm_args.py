@@ -129,12 +129,14 @@ def _real_parser():
     """Megatron-LM's own parser, or None where megatron.training.arguments is not installed."""
     import importlib.util
 
+    # find_spec of the top-level name imports nothing (megatron is a namespace package; importing
+    # megatron.training itself pulls torch), so the file is looked for on disk first
     try:
-        spec = importlib.util.find_spec("megatron.training")
+        spec = importlib.util.find_spec("megatron")
     except (ImportError, ValueError):
         spec = None
-    if spec is None or not spec.submodule_search_locations or not any(
-            (Path(p) / "arguments.py").is_file() for p in spec.submodule_search_locations):
+    locations = list(spec.submodule_search_locations or []) if spec is not None else []
+    if not any((Path(p) / "training" / "arguments.py").is_file() for p in locations):
         return None
     import warnings
 
