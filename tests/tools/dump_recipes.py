@@ -8,7 +8,8 @@ the dump is what `plan --recipe NAME` reads. Prints one JSON object: {name: {"st
 "failed", "reason": ..., "dump": path}}.
 
 --census lists every public `*_config` function of megatron.bridge.recipes and perf_recipes
-(found by importing every module, not from a stored list) and tries each. A
+(found by importing every module, not from a stored list), tries each, and loads every dump
+it could write with the tool's loader ("load": "ok" or the one-line error). A
 recipe whose config.json is missing from the offline cache makes Bridge retry with sleeps of
 1, 2 and 4 s (`safe_config_loader.py:124-127` @ megatron-bridge 0.6.2); the census sets those
 sleeps to zero so a full pass takes seconds, not an hour. Nothing else is changed.
@@ -51,7 +52,8 @@ def main(argv: list[str]) -> int:
     out_dir = Path(argv[0])
     out_dir.mkdir(parents=True, exist_ok=True)
     names = argv[1:]
-    if names == ["--census"]:
+    census = names == ["--census"]
+    if census:
         import types
 
         import megatron.bridge.models.hf_pretrained.safe_config_loader as scl
@@ -75,6 +77,14 @@ def main(argv: list[str]) -> int:
         dump = out_dir / (name.rsplit(":", 1)[-1] + ".yaml")
         dump.write_text(text, encoding="utf-8")
         result[name] = {"status": "ok", "dump": str(dump)}
+        if census:
+            from mbridge_recompute.inputs.loading import load_workload
+
+            try:
+                load_workload(str(dump), mcore_version="0.19.2")
+                result[name]["load"] = "ok"
+            except InputError as exc:
+                result[name]["load"] = exc.line()
     sys.stdout.write(json.dumps(result, indent=1) + "\n")
     return 0
 

@@ -136,11 +136,19 @@ def bridge_part() -> dict:
             "classes": sorted(f"{c.__module__}.{c.__qualname__}" for c in classes),
             "fields": sorted({n for c in classes for n in _names(c)}),
         }
-    for info in pkgutil.walk_packages(models_pkg.__path__, "megatron.bridge.models."):
-        try:
-            importlib.import_module(info.name)
-        except Exception:  # noqa: BLE001 - a provider module that needs more than this env has
-            continue
+    packages = [(models_pkg.__path__, "megatron.bridge.models.")]
+    try:
+        import megatron.bridge.diffusion.models as diffusion_pkg  # Wan, FLUX: not decoder LMs
+
+        packages.append((diffusion_pkg.__path__, "megatron.bridge.diffusion.models."))
+    except Exception:  # noqa: BLE001
+        pass
+    for path, prefix in packages:
+        for info in pkgutil.walk_packages(path, prefix):
+            try:
+                importlib.import_module(info.name)
+            except Exception:  # noqa: BLE001 - a provider module that needs more than this env has
+                continue
     decoders, others, decoder_fields = set(), set(), set()
     seen = set()
     todo = [ModelProviderMixin]

@@ -137,12 +137,14 @@ def _enum_name(value):
     return value
 
 
-def normalise_model(data: dict) -> None:
+def normalise_model(data: dict) -> list[str]:
     """Bridge spellings of model values onto the Workload's: enum members by name, an unset
-    attention backend as auto, and the 0.6.2 layer-pattern name (hybrid_layer_pattern)."""
+    attention backend as auto, and the 0.6.2 layer-pattern name (hybrid_layer_pattern).
+    Returns notes for values read otherwise than they are written."""
     model = data.get("model")
+    notes: list[str] = []
     if not isinstance(model, dict):
-        return
+        return notes
     for key, value in list(model.items()):
         model[key] = _enum_name(value)
     if "attention_backend" in model and model["attention_backend"] is None:
@@ -159,10 +161,19 @@ def normalise_model(data: dict) -> None:
         if not isinstance(layer, str):
             raise InputError("model.hybrid_layer_pattern", f"must be a string, got {layer!r}")
         model["hybrid_override_pattern"] = layer
+    router = model.get("moe_router_dtype")
+    if isinstance(router, dict) and isinstance(router.get("_target_"), str):
+        # a torch dtype where megatron-core wants 'fp32' / 'fp64': its router compares with those
+        # strings only and otherwise routes in the activation dtype (moe/router.py:103-107 @
+        # core_v0.19.2), which is what None means; some 0.6.2 dev recipes write torch.float32
+        model["moe_router_dtype"] = None
+        notes.append(f"model.moe_router_dtype={router['_target_']} (a torch dtype, not 'fp32': megatron-core "
+                     "routes in the activation dtype, read as None)")
     target = model.get("_target_")
     if upstream_fields.provider_kind(target) == "other":
         raise InputError("model._target_", f"{target} is not a decoder language model; the memory model "
                                            "covers GPT, MLA and hybrid (Mamba/GDN) decoders")
+    return notes
 
 
 def provider_family(data: dict) -> Optional[str]:

@@ -490,7 +490,7 @@ def load_workload(path: str | None = None, sets: Iterable[str] = (), model: str 
     if source == "bridge" or bridge.is_dump(data):
         runtime_notes = bridge.as_run(data, path or (f"--recipe {recipe}" if recipe else ""))
     _apply_overrides(data, sets)
-    bridge.normalise_model(data)
+    runtime_notes += bridge.normalise_model(data)
     _apply_defaults(data, source)
     provider = bridge.provider_family(data)
     fields, extra, notes = _sections_to_fields(data, "", provider)

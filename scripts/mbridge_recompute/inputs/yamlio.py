@@ -171,11 +171,19 @@ def scan(text: str, where: str) -> None:
                 if parent.kind == "map":
                     parent.expect_key = not parent.expect_key
     except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        at = f" at line {mark.line + 1}" if mark else ""
-        raise InputError(where, f"not valid YAML{at}: {getattr(exc, 'problem', None) or exc}") from None
+        raise InputError(where, _yaml_reason(exc)) from None
     finally:
         loader.dispose()
+
+
+def _yaml_reason(exc) -> str:
+    """One line for a YAML error (PyYAML's own text spans several)."""
+    mark = getattr(exc, "problem_mark", None)
+    at = f" at line {mark.line + 1}" if mark else ""
+    reason = getattr(exc, "problem", None) or getattr(exc, "reason", None) or str(exc)
+    if getattr(exc, "character", None) is not None and getattr(exc, "position", None) is not None:
+        at = f" at character {exc.position}"
+    return f"not valid YAML{at}: {' '.join(str(reason).split())}"
 
 
 def _count(total: int, where: str, event) -> None:
@@ -208,7 +216,7 @@ def load_text(text: str, where: str) -> Any:
     try:
         return yaml.load(text, Loader=_loader_class())
     except yaml.YAMLError as exc:          # a scan passes only what the parser accepts
-        raise InputError(where, f"not valid YAML: {getattr(exc, 'problem', None) or exc}") from None
+        raise InputError(where, _yaml_reason(exc)) from None
     except (ValueError, RecursionError, OverflowError) as exc:   # belt and braces
         raise InputError(where, f"cannot be read: {type(exc).__name__}") from None
 
@@ -237,6 +245,7 @@ def load_json_text(text: str, where: str, path: str = "") -> Any:
     try:
         return json.loads(text, parse_int=_int, object_pairs_hook=_pairs)
     except json.JSONDecodeError as exc:
-        raise InputError(where, f"{named}is not valid JSON (line {exc.lineno}): {exc.msg}") from None
+        msg = " ".join(exc.msg.split())
+        raise InputError(where, f"{named}is not valid JSON (line {exc.lineno}): {msg}") from None
     except RecursionError:
         raise InputError(where, f"{named}is nested too deeply to read") from None
