@@ -32,10 +32,12 @@ SWEEP = {
     "gpt3_175b_pretrain_32gpu_h100_bf16_config": "dense",
     "gemma3_1b_pretrain_1gpu_h100_bf16_config": "dense",
     "qwen3_30b_a3b_pretrain_8gpu_h100_bf16_config": "moe",
-    "megatron.bridge.perf_recipes.qwen.h100.qwen3_moe:qwen3_30b_a3b_pretrain_16gpu_h100_fp8cs_config": "moe",
+    "megatron.bridge.perf_recipes.qwen.h100.qwen3_moe:"
+    "qwen3_30b_a3b_pretrain_16gpu_h100_fp8cs_config": "moe",
     "olmoe_7b_pretrain_8gpu_h100_bf16_config": "moe",
     "olmoe_7b_peft_1gpu_h100_bf16_config": "moe",
-    "megatron.bridge.perf_recipes.deepseek.h100.deepseek_v3:deepseek_v3_pretrain_64gpu_h100_bf16_config": "mla",
+    "megatron.bridge.perf_recipes.deepseek.h100.deepseek_v3:"
+    "deepseek_v3_pretrain_64gpu_h100_bf16_config": "mla",
     "deepseek_v3_pretrain_256gpu_h100_bf16_32nodes_config": "mla",
     "nemotronh_8b_pretrain_2gpu_h100_bf16_config": "hybrid",
     "nemotron_nano_9b_v2_pretrain_2gpu_h100_bf16_config": "hybrid",
@@ -62,9 +64,14 @@ def _stem(name: str) -> str:
 @pytest.fixture(scope="session")
 def dumps(tmp_path_factory) -> dict:
     """recipe stem -> path of its dump, built once for the whole session."""
+    import os
+
     from filelock import FileLock
 
-    shared = tmp_path_factory.getbasetemp().parent / "bridge-dumps"
+    # one build per session: under xdist the workers' base temps share a parent (the recipe the
+    # xdist docs give); without xdist the base temp itself is this session's own
+    base = tmp_path_factory.getbasetemp()
+    shared = (base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base) / "bridge-dumps"
     shared.mkdir(exist_ok=True)
     result_file = shared / "result.json"
     with FileLock(str(shared / ".lock")):
@@ -134,15 +141,35 @@ def test_fields_that_can_change_memory_are_named_not_dropped(dumps):
     assert any(n.startswith("peft=") for n in peft.not_modelled)
     ds = load_workload(str(dumps["deepseek_v3_pretrain_64gpu_h100_bf16_config"]), mcore_version=VERSION)
     assert any(n.startswith("model.pipeline_model_parallel_layout=") for n in ds.not_modelled)
-    gdn = load_workload(str(dumps["qwen3_next_80b_a3b_pretrain_32gpu_h100_bf16_config"]), mcore_version=VERSION)
+    gdn = load_workload(str(dumps["qwen3_next_80b_a3b_pretrain_32gpu_h100_bf16_config"]),
+                        mcore_version=VERSION)
     assert any(n.startswith("model.linear_attention_freq=") for n in gdn.not_modelled)
 
 
+def _tool(*argv) -> tuple:
+    """(exit code, stdout, stderr) of one tool run in-process, as its script runs it."""
+    import contextlib
+    import io
+
+    from mbridge_recompute.cli import main
+
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        try:
+            main([str(a) for a in argv])
+        except SystemExit as exc:
+            return exc.code, out.getvalue(), err.getvalue()
+    return None, out.getvalue(), err.getvalue()
+
+
 def test_every_dump_checks_with_no_edit(dumps):
+    proc = run_script("check", dumps["llama3_8b_pretrain_2gpu_h100_bf16_config"], "--validator", "builtin",
+                      "--mcore-version", VERSION, "--json")     # once as the script, then in-process
+    assert proc.returncode == 0 and proc.stderr == "", proc.stderr
     for stem, path in dumps.items():
-        proc = run_script("check", path, "--validator", "builtin", "--mcore-version", VERSION, "--json")
-        assert proc.returncode in (0, 1) and proc.stderr == "", (stem, proc.stderr)
-        report = json.loads(proc.stdout)
+        code, out, err = _tool("check", path, "--validator", "builtin", "--mcore-version", VERSION, "--json")
+        assert code in (0, 1) and err == "", (stem, err)
+        report = json.loads(out)
         error_ids = {f["id"] for f in report["findings"] if f["severity"] == "error"}
         assert error_ids == KNOWN_ERRORS.get(stem, set()), (stem, error_ids)
         assert report["input"]["defaults_source"] == "bridge"
@@ -150,11 +177,11 @@ def test_every_dump_checks_with_no_edit(dumps):
 
 def test_every_dump_plans_with_no_edit(dumps):
     for stem, path in dumps.items():
-        proc = run_script("plan", path, "--mcore-version", VERSION, "--json", timeout=300)
-        assert proc.returncode in (0, 1) and "Traceback" not in proc.stderr, (stem, proc.stderr)
-        report = json.loads(proc.stdout)
+        code, out, err = _tool("plan", path, "--mcore-version", VERSION, "--json")
+        assert code in (0, 1) and "Traceback" not in err, (stem, err)
+        report = json.loads(out)
         if stem in KNOWN_ERRORS:   # plan estimates nothing for a workload with an error finding
-            assert proc.returncode == 1 and {f["id"] for f in report["workload_findings"]} == KNOWN_ERRORS[stem]
+            assert code == 1 and {f["id"] for f in report["workload_findings"]} == KNOWN_ERRORS[stem]
         else:
             assert report["ranks"] and report["recommendation"], stem
 
@@ -198,48 +225,51 @@ def test_the_example_dump_is_the_one_bridge_writes(dumps):
 
 
 # ------------------------------------------------------------------ --recipe NAME
+VANILLA = "vanilla_gpt_pretrain_1gpu_h100_bf16_config"     # a bare GPTModelProvider: sizes 0
+SIZES = ["--set", "model.num_layers=4", "--set", "model.hidden_size=256",
+         "--set", "model.num_attention_heads=4", "--set", "model.recompute_granularity=selective"]
+
+
+def bridge_tool(home, *argv):
+    """A tool run as `python -m mbridge_recompute ...` in the Bridge environment."""
+    return run_in_bridge(["-m", "mbridge_recompute", *map(str, argv)], home)
+
+
 def test_plan_by_recipe_name_applies_set_through_bridges_override_code(tmp_path):
-    """vanilla_gpt_pretrain_1gpu_h100_bf16_config is a bare GPTModelProvider (hidden_size 0): it is
-    unusable as built, and usable once Bridge's own Hydra override code has applied the sizes."""
-    bare = run_in_bridge(["-m", "mbridge_recompute", "plan", "--recipe", "vanilla_gpt_pretrain_1gpu_h100_bf16_config",
-                          "--json"], tmp_path)
+    """The bare recipe is unusable as built, and usable once Bridge's own Hydra override code has
+    applied the sizes; a label given the same way reaches the model Bridge built."""
+    bare = bridge_tool(tmp_path, "plan", "--recipe", VANILLA, "--json")
     assert bare.returncode == 2 and "model.hidden_size" in bare.stderr, bare.stderr[-2000:]
-    sized = run_in_bridge(["-m", "mbridge_recompute", "plan", "--recipe", "vanilla_gpt_pretrain_1gpu_h100_bf16_config",
-                           "--set", "model.num_layers=4", "--set", "model.hidden_size=256",
-                           "--set", "model.num_attention_heads=4", "--set", "model.recompute_granularity=selective",
-                           "--set", "model.recompute_modules=[mlp]", "--set", "cluster.gpu_memory_gb=40",
-                           "--json"], tmp_path)
+    sized = bridge_tool(tmp_path, "plan", "--recipe", VANILLA, *SIZES, "--set",
+                        "model.recompute_modules=[mlp]", "--set", "cluster.gpu_memory_gb=40", "--json")
     assert sized.returncode == 0, sized.stderr[-3000:]
     report = json.loads(sized.stdout)
     assert report["ranks"] and report["budget_bytes"] < 40e9
-    check = run_in_bridge(["-m", "mbridge_recompute", "check", "--recipe", "vanilla_gpt_pretrain_1gpu_h100_bf16_config",
-                           "--set", "model.num_layers=4", "--set", "model.hidden_size=256",
-                           "--set", "model.num_attention_heads=4", "--set", "model.recompute_granularity=selective",
-                           "--set", "model.recompute_modules=[moe_act]", "--validator", "builtin", "--json"], tmp_path)
+    check = bridge_tool(tmp_path, "check", "--recipe", VANILLA, *SIZES, "--set",
+                        "model.recompute_modules=[moe_act]", "--validator", "builtin", "--json")
     ids = {f["id"] for f in json.loads(check.stdout)["findings"]}
-    assert "moe-act-needs-grouped-gemm" in ids        # the override reached the model Bridge built
+    assert "moe-act-needs-grouped-gemm" in ids
 
 
 def test_a_key_bridge_does_not_have_is_refused_with_one_line_naming_it(tmp_path):
-    proc = run_in_bridge(["-m", "mbridge_recompute", "check", "--recipe", "vanilla_gpt_pretrain_1gpu_h100_bf16_config",
-                          "--set", "model.not_a_field=1"], tmp_path)
+    proc = bridge_tool(tmp_path, "check", "--recipe", VANILLA, "--set", "model.not_a_field=1")
     assert proc.returncode == 2 and len(proc.stderr.strip().splitlines()) == 1, proc.stderr[-2000:]
     assert "--set model.not_a_field=1" in proc.stderr and "Traceback" not in proc.stderr
 
 
 def test_config_and_check_take_a_recipe_too(tmp_path):
     home = hf_cache(tmp_path / "hf")
-    proc = run_in_bridge(["-m", "mbridge_recompute", "config", "--recipe", "llama3_8b_pretrain_2gpu_h100_bf16_config",
-                          "--granularity", "selective", "--modules", "mlp", "--json"], home)
+    proc = bridge_tool(home, "config", "--recipe", "llama3_8b_pretrain_2gpu_h100_bf16_config",
+                       "--granularity", "selective", "--modules", "mlp", "--json")
     assert proc.returncode == 0, proc.stderr[-3000:]
-    proc = run_in_bridge(["-m", "mbridge_recompute", "check", "--recipe",
-                          "megatron.bridge.recipes.olmoe.h100.olmoe_7b:olmoe_7b_pretrain_8gpu_h100_bf16_config",
-                          "--validator", "builtin", "--json"], home)
+    olmoe = "megatron.bridge.recipes.olmoe.h100.olmoe_7b:olmoe_7b_pretrain_8gpu_h100_bf16_config"
+    proc = bridge_tool(home, "check", "--recipe", olmoe, "--validator", "builtin", "--json")
     assert proc.returncode == 0, proc.stderr[-3000:]
     ids = {f["id"] for f in json.loads(proc.stdout)["findings"]}
     assert "modules-none-promoted" in ids    # OLMoE's recipe leaves recompute_modules None (olmoe_7b.py:66)
 
 
 def test_an_unknown_recipe_name_is_one_line(tmp_path):
-    proc = run_in_bridge(["-m", "mbridge_recompute", "plan", "--recipe", "llama3_9b_pretrain_config"], tmp_path)
-    assert proc.returncode == 2 and proc.stderr.strip().startswith("error: --recipe: no recipe function"), proc.stderr
+    proc = bridge_tool(tmp_path, "plan", "--recipe", "llama3_9b_pretrain_config")
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stderr.strip().startswith("error: --recipe: no recipe function"), proc.stderr

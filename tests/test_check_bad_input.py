@@ -82,13 +82,15 @@ CASES = {
     "moe_layer_freq 0": ("model:\n  num_moe_experts: 8\n  moe_layer_freq: 0\n", [], "model.moe_layer_freq"),
     "unknown mixed-precision recipe": (DUMP + "mixed_precision: bf17_mixed\nmodel: {num_layers: 2}\n", [],
                                        "mixed_precision"),
-    "not a decoder provider": (DUMP + "model:\n  _target_: megatron.bridge.models.t5_provider.T5ModelProvider\n",
-                               [], "model._target_"),
+    "not a decoder provider": (
+        DUMP + "model:\n  _target_: megatron.bridge.models.t5_provider.T5ModelProvider\n", [],
+        "model._target_"),
     "field unknown to Bridge too": (DUMP + "model:\n  num_layers: 2\n  not_a_field_anywhere: 1\n", [],
                                     "model.not_a_field_anywhere"),
     "--recipe where Bridge is not installed": (None, ["--recipe", "llama3_8b_pretrain_2gpu_h100_bf16_config"],
                                                "--recipe"),
-    "--mlm-args flag Megatron-LM does not have": (None, ["--mlm-args", "--", "--num-layerz", "2"], "--mlm-args"),
+    "--mlm-args flag Megatron-LM does not have": (None, ["--mlm-args", "--", "--num-layerz", "2"],
+                                                  "--mlm-args"),
     "--mlm-args with nothing": (None, ["--mlm-args"], "--mlm-args"),
     "--run that does not exist": (None, ["--run", "/nonexistent/run"], "--run"),
 }
@@ -121,7 +123,8 @@ HF_LLAMA = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidde
             "intermediate_size": 14336, "vocab_size": 128256, "hidden_act": "silu", "rms_norm_eps": 1e-5}
 HF_CASES = {
     "hybrid pattern not a string": ({"hybrid_override_pattern": 5}, "hybrid_override_pattern"),
-    "hybrid pattern with a symbol no release has": ({"hybrid_override_pattern": "M*Q"}, "hybrid_override_pattern"),
+    "hybrid pattern with a symbol no release has": ({"hybrid_override_pattern": "M*Q"},
+                                                    "hybrid_override_pattern"),
     "mlp_only_layers not a list": ({"num_experts": 8, "mlp_only_layers": 5}, "mlp_only_layers"),
     "mlp_only_layers nested": ({"num_experts": 8, "mlp_only_layers": [[1]]}, "mlp_only_layers"),
     "10**12 layers": ({"num_hidden_layers": 10**12}, "num_hidden_layers"),

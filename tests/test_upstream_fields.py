@@ -89,3 +89,13 @@ def test_no_field_is_both_read_and_classified_or_in_two_groups():
         read = ours | (upstream_fields.READ_BY_MODEL if section == "model" else set())
         overlap = (set(seen) | set(rel["not_modelled"].get(section, {}))) & (read - {"_target_"})
         assert not overlap, (section, sorted(overlap))
+
+
+def test_no_shipped_code_depends_on_the_transformer_engine_stand_in():
+    """The stand-in (tests/standins/transformer_engine) exists for the Bridge environment of the
+    tests only; nothing under scripts/ names it."""
+    doc = (ROOT / "tests" / "standins" / "transformer_engine" / "__init__.py").read_text()
+    assert "CUDA-only library" in doc
+    shipped = [p for p in (ROOT / "scripts").rglob("*")
+               if p.is_file() and p.suffix in (".py", ".yaml", ".json")]
+    assert shipped and not [p for p in shipped if "standins" in p.read_text(errors="replace")]
