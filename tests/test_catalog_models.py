@@ -79,7 +79,9 @@ def test_unknown_model_exits_2_with_one_line(run_tool):
 
 def test_a_workload_file_overrides_the_catalog_layout(tmp_path):
     f = tmp_path / "w.yaml"
-    f.write_text("model: {tensor_model_parallel_size: 1, expert_model_parallel_size: 4}\n")
+    # TP 1 on the layout's 8 GPUs is DP 8, so the global batch must hold 8 micro-batches of 1
+    f.write_text("model: {tensor_model_parallel_size: 1, expert_model_parallel_size: 4}\n"
+                 "train: {global_batch_size: 8}\n")
     w = load_workload(str(f), model="moonlight-16b")
     assert w.tensor_model_parallel_size == 1 and w.expert_model_parallel_size == 4
     assert w.num_layers == 27       # architecture still from the catalog

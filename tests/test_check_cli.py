@@ -110,3 +110,74 @@ def test_builtin_validator_imports_no_torch_or_megatron():
 def test_help_lists_the_validator_choices():
     proc = run_script("check", "--help")
     assert proc.returncode == 0 and "--validator" in proc.stdout and "builtin" in proc.stdout
+
+
+def test_a_label_the_release_does_not_know_is_an_error_finding_not_unusable_input():
+    """The loader no longer refuses labels: the checker reports modules-invalid-label with the
+    release's own message and the fix, exit 1 -- live (megatron-core 0.16.1 installed here) and
+    built-in alike."""
+    argv = ["--mcore-version", "0.16.1", "--set", "model.recompute_granularity=selective",
+            "--set", "model.recompute_modules=[gdn_norm_out]", "--json"]
+    for validator in ("auto", "builtin"):
+        proc = run_script("check", *argv, "--validator", validator)
+        assert proc.returncode == 1 and proc.stderr == "", proc.stderr
+        f = next(f for f in _json(proc)["findings"] if f["id"] == "modules-invalid-label")
+        assert f["severity"] == "error" and f["fix"]
+        assert f["upstream_message"].startswith(
+            "Invalid choices for recompute_modules: {'gdn_norm_out'}. Allowed modules are: {")
+        assert "'core_attn'" in f["upstream_message"] and "{allowed_modules}" not in f["upstream_message"]
+
+
+def test_under_full_a_label_the_release_does_not_know_is_accepted():
+    """megatron-core checks labels only under selective (tc:1196-1211 @ core_v0.16.1)."""
+    proc = run_script("check", "--mcore-version", "0.16.1", "--validator", "builtin", "--json",
+                      "--set", "model.recompute_granularity=full",
+                      "--set", "model.recompute_method=uniform", "--set", "model.recompute_num_layers=1",
+                      "--set", "model.recompute_modules=[gdn_norm_out]")
+    assert "modules-invalid-label" not in {f["id"] for f in _json(proc)["findings"]}
+
+
+def test_modules_none_under_selective_warns_about_the_promotion():
+    proc = run_script("check", "--validator", "builtin", "--json",
+                      "--set", "model.recompute_granularity=selective",
+                      "--set", "model.recompute_modules=null")
+    f = next(f for f in _json(proc)["findings"] if f["id"] == "modules-none-promoted")
+    assert f["severity"] == "warning" and "[core_attn]" in f["message"]
+    assert proc.returncode == 0
+
+
+def test_the_report_says_whose_defaults_the_workload_took(tmp_path):
+    path = tmp_path / "w.yaml"
+    path.write_text("source: bridge\nmodel: {num_layers: 2, hidden_size: 256, num_attention_heads: 4}\n")
+    proc = run_script("check", path, "--validator", "builtin", "--json")
+    assert _json(proc)["input"]["defaults_source"] == "bridge"
+    text = run_script("check", path, "--validator", "builtin").stdout
+    assert "defaults: bridge" in text
+
+
+def test_the_light_tools_start_without_torch_or_megatron_on_a_bridge_dump_and_an_mlm_list():
+    """Only --recipe (and --mlm-args where Megatron-LM imports) may import them; a dump, a plan
+    and a config snippet of the default path must not."""
+    code = (
+        "import sys, json, contextlib, io\n"
+        f"sys.path.insert(0, {str(SCRIPTS)!r})\n"
+        "from mbridge_recompute.cli import main\n"
+        "codes = []\n"
+        f"dump = {str(EXAMPLES / 'bridge_dump_llama3_8b.yaml')!r}\n"
+        "for argv in (['check', dump, '--validator', 'builtin', '--json'],\n"
+        "             ['plan', dump, '--json'],\n"
+        "             ['config', '--granularity', 'selective', '--modules', 'mlp', '--json'],\n"
+        "             ['plan', '--json', '--', '--num-layers', '2', '--hidden-size', '64',\n"
+        "              '--num-attention-heads', '4', '--seq-length', '128', '--micro-batch-size', '1']):\n"
+        "    with contextlib.redirect_stdout(io.StringIO()):\n"
+        "        try:\n"
+        "            main(argv)\n"
+        "        except SystemExit as e:\n"
+        "            codes.append(e.code)\n"
+        "heavy = sorted(m for m in sys.modules\n"
+        "               if m.split('.')[0] in ('torch', 'megatron', 'transformer_engine'))\n"
+        "sys.stderr.write(json.dumps({'codes': codes, 'heavy': heavy}))\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    result = json.loads(proc.stderr.strip().splitlines()[-1])
+    assert result["heavy"] == [] and all(c in (0, 1) for c in result["codes"]), result

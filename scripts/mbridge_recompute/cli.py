@@ -169,7 +169,14 @@ def _run(argv: list) -> int:
         _top_parser().parse_args(argv[:1] if argv else ["--help"])
         return 0
     parser, module = build_parser(argv[0])
-    args = parser.parse_args(argv[1:])
+    rest, mlm_argv = argv[1:], None
+    if "--" in rest and any(a.dest == "mlm_args" for a in parser._actions):
+        # `plan.py [options] -- ARGS`: a Megatron-LM argument list after a bare -- (inputs/mlm_args.py)
+        cut = rest.index("--")
+        rest, mlm_argv = rest[:cut], rest[cut + 1:]
+    args = parser.parse_args(rest)
+    if mlm_argv is not None:
+        args.mlm_args = mlm_argv
     return module.run(args)
 
 

@@ -272,13 +272,15 @@ class Workload:
     'total capacity' of an out-of-memory message)."""
     te_version: Optional[str] = _f(None, section="cluster", kind="version", origin=OURS)
     """Transformer Engine on the training nodes, if known (decides the TE-gated rules)."""
+    defaults_source: Literal["mcore", "bridge", "megatron-lm"] = _f("mcore", section="", origin=OURS)
+    """Whose defaults the unset fields took: mcore (TransformerConfig's), bridge (a Bridge model
+    provider's) or megatron-lm (pretrain_gpt.py's arguments); inputs/defaults.py holds the tables."""
+    not_modelled: list[str] = _f([], section="", origin=OURS)
+    """`section.field=value` of the input that can change memory and that the memory model does not
+    represent (inputs/fields.py); check and plan name them."""
     extra_model: dict = _f({}, section="", origin=OURS)
     """Model-section keys that are real MCore/Bridge fields but not Workload fields; passed to the
     live validator unchanged, and read by the memory model where noted (memory/shape.py)."""
-    unread: dict = _f({}, section="", origin=OURS)
-    """Keys the loader accepts and no tool reads: Bridge provider keys of the model section (bare
-    name) and other sections' keys (section.key). Kept so a plan can name those whose value
-    matters (memory/coverage.py)."""
 
     # --- derived quantities (never stored, so they cannot disagree) ------------------------
     @property
@@ -360,7 +362,7 @@ class Workload:
         return dataclasses.replace(self, **changes)
 
 
-FIELDS = {f.name: f for f in dataclasses.fields(Workload) if f.name not in ("extra_model", "unread")}
+FIELDS = {f.name: f for f in dataclasses.fields(Workload) if f.name != "extra_model"}
 FIELD_NAMES = frozenset(FIELDS)
 
 

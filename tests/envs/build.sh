@@ -7,9 +7,10 @@
 #   0.17.1 .. 0.19.2  one Python 3.12 venv (py312-base: torch 2.13.0, numpy, packaging, triton)
 #                   shared by all three, each release in its own `--no-deps --target` directory
 #                   selected with PYTHONPATH (megatron/ is a namespace package, so they stack)
-#   bridge-0.6.2    megatron-bridge 0.6.2 and the pure-Python packages its config and recipe
-#                   modules import, as a --target layer over 0.19.2 (plus the Transformer Engine
-#                   stand-in under tests/standins)
+#   bridge-0.6.2    megatron-bridge 0.6.2 and the pure-Python packages its config, recipe and
+#                   override (hydra-core: training/utils/omegaconf_utils.py) modules import, as a
+#                   --target layer over 0.19.2 (plus the Transformer Engine stand-in under
+#                   tests/standins)
 #
 # Torch for Python 3.12: the registry reachable here serves only the CUDA build of torch 2.13.0
 # for 3.12 (the CPU wheel of this machine is cp311); it imports and runs on a CPU. The envs live

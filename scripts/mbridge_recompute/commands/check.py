@@ -3,56 +3,235 @@
 The installed megatron-core's own TransformerConfig decides what the config
 accepts (`--validator live`); the built-in rule table covers what a config cannot
 see and stands in when megatron-core is not installed. The report says which
-validator answered.
+validator answered, whose defaults the unset fields took, and which input fields
+the tools do not model.
+
+`check --run RUN_DIR` reads a finished (or failed) run instead: the recompute setting
+it actually had, next to what its command asked for, with every difference and its
+cause (logs/effective.py), then checks the workload that ran.
 """
 
 from __future__ import annotations
 
-from mbridge_recompute.errors import EXIT_OK, EXIT_PROBLEM
-from mbridge_recompute.inputs.loading import add_workload_arguments, load_workload
+from mbridge_recompute.errors import EXIT_OK, EXIT_PROBLEM, InputError
+from mbridge_recompute.inputs.loading import add_workload_arguments, has_workload, load_from_args
 from mbridge_recompute.rules.findings import errors
 
 DESCRIPTION = ("Check a workload's recompute setting against every known constraint: "
                "megatron-core's own TransformerConfig when installed (live), else the built-in "
-               "rule table; plus training-argument rules, runtime-only failures and silent no-ops.")
+               "rule table; plus training-argument rules, runtime-only failures and silent no-ops. "
+               "With --run, the setting a run actually had and why it differs from its command.")
 EPILOG = """examples:
   check_config.py                                   # the embedded default workload
   check_config.py examples/llama3_70b_fp8.yaml --json
+  check_config.py ConfigContainer.yaml              # a Bridge dump (logger.save_config_filepath)
+  check_config.py --recipe llama3_8b_pretrain_2gpu_h100_bf16_config --set model.recompute_modules=[mlp]
+  check_config.py --mlm-args model_config.yaml      # a Megatron-LM argument list
   check_config.py w.yaml --set model.recompute_modules=[moe_act] --validator builtin
   check_config.py w.yaml --set cluster.te_version=2.8.0 # decide Transformer Engine gated rules
+  check_config.py --run runs/moe_act                # what a harness run really had
 
-exit codes: 0 no error finding, 1 at least one error finding, 2 unusable input"""
+exit codes: 0 no error finding, 1 at least one error finding (or a run that did not have the
+setting its command asked for), 2 unusable input"""
 
 _ORDER = ("error", "warning", "info")
+# megatron-core promotes recompute_modules None to ["core_attn"] (tc:<line> by release)
+_PROMOTION_AT = {"0.16": "tc:1193-1194", "0.17": "tc:1373-1374", "0.18": "tc:1583-1584",
+                 "0.19": "tc:1763-1764", "main": "tc:1940-1941"}
 
 
 def add_arguments(parser) -> None:
-    add_workload_arguments(parser)
     parser.add_argument("--validator", choices=("auto", "live", "builtin"), default="auto",
                         help="live: the installed megatron-core's TransformerConfig; builtin: the rule "
                              "table (no torch); auto (default): live when megatron-core is installed")
+    parser.add_argument("--run", metavar="RUN_DIR",
+                        help="a harness run directory (log.txt, manifest.json, ConfigContainer.yaml) or a "
+                             "log file: report the recompute setting that actually ran")
+    parser.add_argument("--run-config", metavar="DUMP.yaml",
+                        help="with --run LOG: the ConfigContainer the run dumped, when it is not "
+                             "beside the log")
     parser.add_argument("--json", action="store_true", help="print one JSON object")
+    add_workload_arguments(parser)
 
 
 def run(args) -> int:
     from mbridge_recompute.facts import releases
     from mbridge_recompute.rules import check_workload
 
+    if args.run_config and not args.run:
+        raise InputError("--run-config", "needs --run")
     release = releases.target(args.mcore_version)
-    workload = load_workload(args.workload, args.sets, args.model, args.hf_config, release.requested,
-                             default=True)
-    report = check_workload(workload, validator=args.validator,
-                            version=release if args.mcore_version else None)
+    effective = None
+    if args.run:
+        workload, effective = _run_workload(args, release)
+    else:
+        workload = load_from_args(args, release.requested, default=True)
+    report = {"ok": True, "findings": []}
+    if workload is not None:
+        import contextlib
+        import sys
+
+        # stdout holds the report alone: what megatron-core or Bridge print while the live
+        # validator imports and builds them (Bridge logs INFO lines to stdout) goes to stderr
+        with contextlib.redirect_stdout(sys.stderr):
+            report = check_workload(workload, validator=args.validator,
+                                    version=release if args.mcore_version else None)
+        _fill_label_message(report, workload)
+        report["findings"] += _input_findings(workload, report)
+        report["input"] = {"defaults_source": workload.defaults_source,
+                           "not_modelled": list(workload.not_modelled)}
+    if effective is not None:
+        from mbridge_recompute.logs.effective import add_ignored_labels
+
+        add_ignored_labels(effective, report)
+        report["run"] = effective.to_dict()
+        report["findings"] += _run_findings(effective)
+        report.setdefault("validator", "none (the run's dump is not a whole workload)")
+        report.setdefault("release", release.to_dict())
+    report["ok"] = not errors(report["findings"])
     from mbridge_recompute.output import emit
 
     emit(report, args.json, render)
     return EXIT_OK if report["ok"] else EXIT_PROBLEM
 
 
+def _run_workload(args, release):
+    """(the workload that ran, or None when the dump is partial and none was given; the setting)."""
+    from mbridge_recompute.inputs.loading import load_workload
+    from mbridge_recompute.logs import effective as eff
+    from mbridge_recompute.setting import RecomputeSetting
+
+    setting, dump = eff.read(args.run, args.run_config)
+    workload = None
+    if has_workload(args):
+        workload = load_from_args(args, release.requested)
+    elif isinstance(dump, dict) and isinstance(dump.get("model"), dict) and "num_layers" in dump["model"]:
+        from pathlib import Path
+
+        from mbridge_recompute.logs.runlog import CONFIG_DUMP, log_of
+
+        path = args.run_config or str(log_of(Path(args.run)).parent / CONFIG_DUMP)
+        workload = load_workload(path, args.sets, mcore_version=release.requested)
+    if workload is not None and setting.ran is not None:
+        ran = setting.ran
+        mods = ran.get("recompute_modules")
+        workload = RecomputeSetting(ran.get("recompute_granularity"),
+                                    tuple(mods) if isinstance(mods, list) else None,
+                                    ran.get("recompute_method"), ran.get("recompute_num_layers"),
+                                    workload.distribute_saved_activations).apply(workload)
+    return workload, setting
+
+
+def _finding(fid: str, severity: str, message: str, fix: str, citation: str, kind: str,
+             upstream: str = "") -> dict:
+    return {"id": fid, "severity": severity, "message": message, "fix": fix, "source": "builtin",
+            "upstream_message": upstream, "citation": citation, "kind": kind}
+
+
+def _fill_label_message(report: dict, w) -> None:
+    """The built-in table's modules-invalid-label finding with megatron-core's message filled in
+    as `__post_init__` formats it (a Python set of the invalid labels, then of the allowed ones;
+    tc:1208-1211 @ core_v0.16.1). Set order varies from run to run upstream; here it is sorted."""
+    from mbridge_recompute.facts import releases
+
+    for f in report.get("findings", []):
+        text = f.get("upstream_message") or ""
+        if f["id"] != "modules-invalid-label" or "{invalid_modules}" not in text:
+            continue
+        allowed = releases.labels_for(report.get("facts") or releases.target_version())
+        mods = w.recompute_modules or []
+        invalid = sorted(set(mods) - set(allowed))
+        f["upstream_message"] = text.format(invalid_modules="{" + ", ".join(map(repr, invalid)) + "}",
+                                            allowed_modules="{" + ", ".join(map(repr, sorted(allowed))) + "}")
+
+
+def _input_findings(w, report: dict) -> list:
+    out = []
+    key = report.get("facts") or "0.19"
+    if w.recompute_granularity == "selective" and w.recompute_modules is None:
+        out.append(_finding(
+            "modules-none-promoted", "warning",
+            "recompute_modules is None: megatron-core turns it into [core_attn] in __post_init__ (Bridge "
+            "does not), so this run recomputes core attention",
+            "write the labels out: recompute_modules=[core_attn] to keep it, or [] for the matched control",
+            f"{_PROMOTION_AT.get(key, _PROMOTION_AT['0.19'])} @ the {key} facts", "config"))
+    later = _fields_of_other_releases(w, key)
+    if later:
+        out.append(_finding(
+            "input-fields-of-another-release", "info",
+            f"the input has TransformerConfig fields megatron-core {key} does not have "
+            f"({', '.join(later[:6])}{', ...' if len(later) > 6 else ''}): it was written for another "
+            "release",
+            "pass --mcore-version for the release the job runs (a megatron-bridge 0.6.2 dump: 0.19)",
+            "data/upstream_fields.json", "input"))
+    if w.not_modelled:
+        out.append(_finding(
+            "input-not-modelled", "info",
+            "read but not modelled (they can change memory; plan does not account for them): "
+            + "; ".join(w.not_modelled),
+            "measure with the harness (run_harness.py --launch) before trusting the predicted peak",
+            "data/coverage.yaml", "input"))
+    return out
+
+
+def _fields_of_other_releases(w, key: str) -> list:
+    """Model fields of the workload that release `key` lacks and another release has."""
+    from mbridge_recompute.inputs import fields
+
+    mine = fields.transformer_config_fields(key)
+    others = set()
+    for k in fields.mcore_releases():
+        if k != key:
+            others |= fields.transformer_config_fields(k)
+    given = [n for n, v in w.extra_model.items() if v is not None]
+    given += [n for n in ("cuda_graph_modules",) if getattr(w, n, None) is not None]
+    return sorted({n for n in given if n not in mine and n in others})
+
+
+def _run_findings(s) -> list:
+    out = []
+    for d in s.differences:
+        severity = "warning" if d["cause"] in ("none-promoted", "ignored-label") else "error"
+        asked = d.get("token") or d["asked"]
+        out.append(_finding(
+            f"run-{d['cause']}", severity,
+            f"{d['field']}: asked {asked!r}, ran {d['ran']!r} -- {d['why']}",
+            _RUN_FIX[d["cause"]], "logs/effective.py", "run"))
+    if s.error and not s.differences:
+        out.append(_finding("run-failed", "error", f"the run failed: {s.error}",
+                            "diagnose_oom.py / diagnose.py on its log names the cause", "logs/runlog.py",
+                            "run"))
+    return out
+
+
+_RUN_FIX = {
+    "none-promoted": "spell the labels out (recompute_modules=[core_attn]) so the command says what runs",
+    "recipe-leak": "clear the recipe's values with Hydra: model.recompute_method=null "
+                   "model.recompute_num_layers=null (run_harness.py does this for every selective candidate)",
+    "flag-order": "leave -rl out; Hydra nulls cannot undo a flag",
+    "ignored-flags": "with --use_recipes give the setting as Hydra overrides (model.recompute_*=...)",
+    "ignored-label": "drop the label; it recomputes nothing for this model",
+    "unexplained": "compare the recipe's values with the command; the dump shows what ran",
+}
+
+
 def render(report: dict) -> str:
-    rel = report["release"]
-    facts = "" if rel["requested"] == rel["key"] else f", the {rel['key']} facts"
-    lines = [f"validator: {report['validator']} (megatron-core {rel['requested']}{facts}; {rel['how']})"]
+    rel = report.get("release") or {}
+    facts = "" if rel.get("requested") == rel.get("key") else f", the {rel.get('key')} facts"
+    lines = [f"validator: {report.get('validator')} (megatron-core {rel.get('requested')}{facts}; "
+             f"{rel.get('how')})"]
+    inp = report.get("input")
+    if inp:
+        lines.append(f"defaults: {inp['defaults_source']} (whose defaults the unset fields took)")
+    run = report.get("run")
+    if run:
+        lines += ["", f"run: {run['run']}",
+                  f"  asked ({run['asked_from']}): {_setting_text(run['asked'])}",
+                  f"  ran ({run['ran_from']}): {_setting_text(run['ran']) if run['ran'] else 'unknown'}"]
+        if run.get("error"):
+            lines.append(f"  error: {run['error']}")
+        if not run["differences"]:
+            lines.append("  no difference")
     findings = report["findings"]
     for severity in _ORDER:
         group = [f for f in findings if f["severity"] == severity]
@@ -73,3 +252,9 @@ def render(report: dict) -> str:
     n_err = len(errors(findings))
     lines.append("ok: no error findings" if report["ok"] else f"FAILED: {n_err} error finding(s)")
     return "\n".join(lines)
+
+
+def _setting_text(s) -> str:
+    if not s:
+        return "nothing"
+    return ", ".join(f"{k.removeprefix('recompute_')}={v!r}" for k, v in s.items() if k in s)

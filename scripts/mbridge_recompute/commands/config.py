@@ -199,7 +199,9 @@ def baseline_workload(setting):
 
 
 def _has_workload(args) -> bool:
-    return bool(args.workload or args.model or args.hf_config or args.sets)
+    from mbridge_recompute.inputs.loading import has_workload
+
+    return has_workload(args)
 
 
 def check_setting(setting, args, version: str) -> dict:
@@ -209,9 +211,9 @@ def check_setting(setting, args, version: str) -> dict:
 
     given = _has_workload(args)
     if given:
-        from mbridge_recompute.inputs.loading import load_workload
+        from mbridge_recompute.inputs.loading import load_from_args
 
-        base = load_workload(args.workload, args.sets, args.model, args.hf_config, version)
+        base = load_from_args(args, version)
     else:
         base = baseline_workload(setting)
     w = setting.apply(base.replace(**written_fields(setting)))   # the layout changes too

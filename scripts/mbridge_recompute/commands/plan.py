@@ -68,7 +68,7 @@ def add_arguments(parser) -> None:
 
 
 def run(args) -> int:
-    from mbridge_recompute.inputs.loading import load_workload
+    from mbridge_recompute.inputs.loading import load_from_args
     from mbridge_recompute.plan import measured as measured_input
     from mbridge_recompute.plan.planner import plan
 
@@ -79,8 +79,7 @@ def run(args) -> int:
     from mbridge_recompute.facts import releases
 
     release = releases.target(args.mcore_version)
-    w = load_workload(args.workload, args.sets, model=args.model, hf_config=args.hf_config,
-                      mcore_version=release.requested, default=True)
+    w = load_from_args(args, release.requested, default=True)
     if args.measured_iteration is not None and (args.measured_iteration < 1
                                                 or args.measured_peak_gb is None):
         raise InputError("--measured-iteration", "must be >= 1 and goes with --measured-peak-gb")

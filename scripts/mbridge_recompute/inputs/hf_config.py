@@ -86,13 +86,69 @@ def _read(path: Path) -> dict:
     return data
 
 
-def _int(data: dict, key: str, path: Path) -> Any:
+# Counts the memory model walks one by one: refused before any per-layer list is built.
+MAX_LAYERS = 10_000
+MAX_INT = 2**31 - 1
+
+
+def _bad(path: Path, key: str, reason: str):
+    """An error naming the config.json key (not the Megatron field it maps to)."""
+    return InputError("--hf-config", f"{path}: {key} {reason}")
+
+
+def _int(data: dict, key: str, path: Path, positive: bool = False) -> Any:
     value = data[key]
     if value is None:
         return None
     if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-        raise InputError("--hf-config", f"{path}: {key} must be a non-negative integer, got {value!r}")
+        raise _bad(path, key, f"must be a non-negative integer, got {_short(value)}")
+    if positive and value == 0:
+        raise _bad(path, key, "must be positive, got 0")
+    if value > MAX_INT:
+        raise _bad(path, key, f"must be at most {MAX_INT}, got {_short(value)}")
     return value
+
+
+def _short(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+# config.json keys of a non-integer type, checked before they are used
+_STRING_KEYS = ("hybrid_override_pattern", "hidden_act", "mlp_hidden_act", "model_type")
+_BOOL_KEYS = ("tie_word_embeddings", "attention_bias", "mlp_bias", "qk_norm", "use_qk_norm")
+
+
+def _check_types(data: dict, path: Path) -> None:
+    for key in _STRING_KEYS:
+        if data.get(key) is not None and not isinstance(data[key], str):
+            raise _bad(path, key, f"must be a string, got {_short(data[key])}")
+    for key in _BOOL_KEYS:
+        if data.get(key) is not None and not isinstance(data[key], bool):
+            raise _bad(path, key, f"must be true or false, got {_short(data[key])}")
+    dense = data.get("mlp_only_layers")
+    if dense is not None and (not isinstance(dense, list) or not all(
+            isinstance(i, int) and not isinstance(i, bool) and i >= 0 for i in dense)):
+        raise _bad(path, "mlp_only_layers", f"must be a list of layer indices, got {_short(dense)}")
+    dropout = data.get("attention_dropout")
+    if dropout is not None and (isinstance(dropout, bool) or not isinstance(dropout, (int, float))
+                                or not 0 <= dropout < 1):
+        raise _bad(path, "attention_dropout", f"must be a number in [0, 1), got {_short(dropout)}")
+    layers = data.get("num_hidden_layers")
+    if isinstance(layers, int) and not isinstance(layers, bool) and layers > MAX_LAYERS:
+        raise _bad(path, "num_hidden_layers", f"must be at most {MAX_LAYERS}, got {_short(layers)}")
+    pattern = data.get("hybrid_override_pattern")
+    if isinstance(pattern, str):
+        if len(pattern) > MAX_LAYERS:
+            raise _bad(path, "hybrid_override_pattern", f"has {len(pattern)} layers; at most {MAX_LAYERS}")
+        from mbridge_recompute.inputs.loading import HYBRID_SYMBOLS
+
+        symbols = set("".join(HYBRID_SYMBOLS.values()))
+        bad = sorted(set(pattern) - symbols)
+        if bad:
+            valid = " ".join(sorted(symbols))
+            raise _bad(path, "hybrid_override_pattern", f"holds {bad[0]!r}, not a layer symbol of any "
+                                                        f"megatron-core release (valid: {valid})")
 
 
 def convert(data: dict, path: Path = Path("config.json")) -> tuple[dict, list[str]]:
@@ -100,14 +156,23 @@ def convert(data: dict, path: Path = Path("config.json")) -> tuple[dict, list[st
     for key in ("num_hidden_layers", "hidden_size", "num_attention_heads"):
         if key not in data:
             raise InputError("--hf-config", f"{path}: missing {key!r} (not a decoder LM config.json?)")
+    _check_types(data, path)
     out: dict[str, Any] = {}
     notes: list[str] = []
+    from mbridge_recompute.inputs.loading import coerce, coerce_extra
+    from mbridge_recompute.workload import FIELD_NAMES
+
     for hf_key, field in DIRECT.items():
         if hf_key in data and data[hf_key] is not None:
             value = data[hf_key]
             is_number = isinstance(value, (int, float)) and not isinstance(value, bool)
             if is_number and field != "attention_dropout":
                 value = _int(data, hf_key, path)
+            # checked here, so an error names the config.json key, not the Megatron field
+            try:
+                value = (coerce if field in FIELD_NAMES else coerce_extra)(field, value, hf_key)
+            except InputError as exc:
+                raise _bad(path, hf_key, exc.reason) from None
             out[field] = value
         elif hf_key == "q_lora_rank" and hf_key in data:
             out[field] = None                      # Moonlight: no q compression
@@ -174,10 +239,10 @@ def _moe_pattern(data: dict, num_layers: int, path: Path) -> list[int]:
     if "first_k_dense_replace" in data or "moe_layer_freq" in data:
         # DeepSeek: layer i is MoE when i >= first_k_dense_replace and i % moe_layer_freq == 0.
         k = _int(data, "first_k_dense_replace", path) if "first_k_dense_replace" in data else 0
-        freq = _int(data, "moe_layer_freq", path) if "moe_layer_freq" in data else 1
+        freq = _int(data, "moe_layer_freq", path, positive=True) if "moe_layer_freq" in data else 1
         return [1 if i >= (k or 0) and i % max(1, freq or 1) == 0 else 0 for i in range(num_layers)]
     # Qwen2/3-MoE: MoE unless listed in mlp_only_layers, every decoder_sparse_step-th layer.
-    step = _int(data, "decoder_sparse_step", path) if "decoder_sparse_step" in data else 1
+    step = _int(data, "decoder_sparse_step", path, positive=True) if "decoder_sparse_step" in data else 1
     dense = set(data.get("mlp_only_layers") or [])
     return [0 if i in dense or (i + 1) % max(1, step or 1) else 1 for i in range(num_layers)]
 

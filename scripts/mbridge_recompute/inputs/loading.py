@@ -1,80 +1,54 @@
 """Inputs -> Workload: the only place where input is parsed and validated.
 
-Sources, applied in this order (later wins): a catalog model (`--model`), a
-Hugging Face `config.json` (`--hf-config`), a workload YAML (our schema or a
-Bridge config dump), then `--set key=value` overrides in Hydra syntax.
+Sources, applied in this order (later wins): the embedded default, a catalog model (`--model`),
+a Hugging Face `config.json` (`--hf-config`), a Bridge recipe built by Bridge (`--recipe`), a
+Megatron-LM argument list (`--mlm-args`), a workload file (our schema or a Bridge
+ConfigContainer dump), then `--set key=value` overrides in Hydra syntax.
 
-Every problem raises `InputError(field, reason)`: exit 2, one line, the field
-named as the user wrote it. Nothing here imports torch or megatron.
+Whose defaults fill what is left unset (`defaults_source`, inputs/defaults.py): a ConfigContainer
+dump or a recipe -> bridge, an argument list -> megatron-lm, our YAML -> mcore unless its
+top-level `source:` says otherwise. A Bridge dump is read as Bridge runs it (inputs/bridge.py):
+its mixed-precision recipe and comm_overlap section are applied as `runtime_config_update` does.
+
+Every problem raises `InputError(field, reason)`: exit 2, one line, the field named as the user
+wrote it. A readable workload that the chosen megatron-core release rejects (an unknown recompute
+label, say) is not a problem here: `check` reports it as a finding (exit 1). Nothing here imports
+torch or megatron; `--recipe` imports Bridge (inputs/recipe.py), and `--mlm-args` Megatron-LM's
+parser where it imports (inputs/mlm_args.py).
 """
 
 from __future__ import annotations
 
 import difflib
-import json
 import types
 import typing
 from functools import lru_cache
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any, Iterable, Optional
 
 from mbridge_recompute import DATA_DIR
 from mbridge_recompute.errors import InputError
 from mbridge_recompute.facts import releases
+from mbridge_recompute.inputs import fields as upstream_fields
+from mbridge_recompute.inputs import yamlio
 from mbridge_recompute.workload import FIELD_NAMES, FIELDS, Workload, section_fields
 
 DATA = DATA_DIR
 
-# Sections of a Bridge ConfigContainer dump that the tools do not read; their keys
-# are not checked (they cannot be, without Bridge importable). The optimizer section is
-# read for the OPTIMIZER_KEYS only (its other keys pass unchecked).
-IGNORED_SECTIONS = frozenset({
-    "scheduler", "dataset", "logger", "tokenizer", "checkpoint", "dist", "rng",
-    "profiling", "ft", "straggler", "nvrx_straggler", "rerun_state_machine", "peft",
-    "inprocess_restart", "mixed_precision", "tensor_inspect", "mixed_precision_config",
-    "train_config", "energy_monitor", "dataset_config", "validation", "inference",
-})
-# Keys a Bridge model provider dumps that are not TransformerConfig fields.
-BRIDGE_MODEL_KEYS = frozenset({
-    "_target_", "seq_length", "vocab_size", "make_vocab_size_divisible_by",
-    "share_embeddings_and_output_weights", "position_embedding_type", "rotary_base",
-    "rotary_percent", "rope_scaling", "rope_scaling_factor", "seq_len_interpolation_factor",
-    "fp16_lm_cross_entropy", "parallel_output", "transformer_layer_spec", "generation_config",
-    "hybrid_override_pattern", "mamba_num_groups", "mamba_head_dim", "mamba_state_dim",
-    "mamba_num_heads", "hf_model_id", "should_pad_vocab", "scatter_embedding_sequence_parallel",
-    "tp_comm_overlap_cfg", "use_transformer_engine_full_layer_spec", "use_te_rng_tracker",
-    "qk_layernorm", "vocab_size_divisible_by", "moe_layer_freq", "first_k_dense_replace",
-    "restore_modelopt_state", "init_model_with_meta_device", "cross_entropy_loss_fusion",
-    "attention_backend", "account_for_embedding_in_pipeline_split",
-    "account_for_loss_in_pipeline_split", "vp_stage", "mtp_enabled", "mamba_stack_spec",
-})
-TRAIN_OTHER_KEYS = frozenset({
-    "train_iters", "train_samples", "eval_iters", "eval_interval", "exit_interval",
-    "exit_duration_in_mins", "exit_signal_handler", "manual_gc", "manual_gc_interval",
-    "manual_gc_eval", "rampup_batch_size", "decrease_batch_size_if_needed", "empty_unused_memory_level",
-    "check_weight_hash_across_dp_replicas_interval", "skip_train", "exit_signal",
-    "train_sync_interval", "iterations_to_skip", "check_optimizer_step_success",
-})
-DDP_OTHER_KEYS = frozenset({
-    "overlap_grad_reduce", "overlap_param_gather", "align_param_gather", "use_custom_fsdp",
-    "data_parallel_sharding_strategy", "bucket_size", "average_in_collective",
-    "check_for_nan_in_grad", "check_for_large_grads", "use_megatron_fsdp",
-    "num_distributed_optimizer_instances", "fp8_param_gather", "nccl_ub",
-    "keep_fp8_transpose_cache", "reuse_grad_buf_for_mxfp8_param_ag",
-    "pad_buckets_for_high_nccl_busbw", "reduce_scatter_with_fp32_accumulation",
-    "preserve_fp32_weights", "suggested_communication_unit_size", "gradient_reduce_div_fusion",
-    "fsdp_double_buffer", "outer_dp_sharding_strategy", "disable_symmetric_registration",
-})
+# Sections of a Bridge ConfigContainer dump that hold nothing the memory model reads (their
+# memory-relevant switches, e.g. dist.use_torch_fsdp2, are named through coverage.yaml),
+# and section names of earlier Bridge releases. Their keys are not checked.
+OLD_SECTIONS = frozenset({"mixed_precision_config", "train_config", "energy_monitor", "dataset_config",
+                          "inference"})
+# Top-level keys of ours: `source:` (whose defaults apply) and `cluster:` (the machine).
+OURS_TOP = frozenset({"source", "cluster"})
 
 
 @lru_cache(maxsize=1)
 def mcore_field_names() -> frozenset:
+    """megatron-core 0.16.1's TransformerConfig + MLATransformerConfig fields (data/mcore_fields.txt)."""
     lines = (DATA / "mcore_fields.txt").read_text().splitlines()
     return frozenset(x.strip() for x in lines if x.strip() and not x.startswith("#"))
-
-
-def _known_model_keys() -> frozenset:
-    return FIELD_NAMES | mcore_field_names() | BRIDGE_MODEL_KEYS
 
 
 def _suggest(key: str, known: Iterable[str]) -> str:
@@ -91,6 +65,7 @@ def _suggest(key: str, known: Iterable[str]) -> str:
 # `plan` within seconds to minutes per pipeline stage.
 MAX_INT = 2**31 - 1
 MAX_MICROBATCHES = 1_000_000
+MAX_SET_CHARS = 100_000
 _HINTS = typing.get_type_hints(Workload)
 
 # TransformerConfig fields outside Workload that the memory model reads (memory/shape.py,
@@ -113,6 +88,15 @@ _DTYPE_NAMES = {"float32": "fp32", "fp32": "fp32", "float": "fp32", "bfloat16": 
                 "uint8": "fp8", "fp8": "fp8"}
 _DTYPE_FIELDS = tuple(n for n, f in FIELDS.items() if f.metadata.get("kind") == "dtype")
 
+# Layer symbols of a hybrid pattern, by release: 0.16 M * - E (ssm/mamba_hybrid_layer_allocation.py:
+# 25-32 @ core_v0.16.1); 0.17 adds G, the '|' stage separator and the '/' MTP separator
+# (:14-24 @ core_v0.17.1); 0.18 adds D (DSA attention); 0.19 and main add + (MLA)
+# (models/hybrid/hybrid_layer_allocation.py:14-26 @ core_v0.19.0). Each release raises
+# ValueError on any other character (:288-294 @ core_v0.19.0; :83 @ core_v0.16.1).
+HYBRID_SYMBOLS = {"0.16": "M*-E", "0.17": "MG*-E|/", "0.18": "MG*D-E|/", "0.19": "MG*D+-E|/",
+                  "main": "MG*D+-E|/"}
+# Symbols the memory model lays out (workload.py layer_kinds); D and + are not modelled yet.
+MODELLED_SYMBOLS = "MG*-E"
 
 
 def _optional(hint) -> tuple[bool, Any]:
@@ -124,8 +108,12 @@ def _optional(hint) -> tuple[bool, Any]:
     return False, hint
 
 
+def coerce(name: str, value: Any, where: str) -> Any:
+    """Convert one value to Workload field `name`'s declared type, or raise naming `where`."""
+    return _coerce(name, value, where)
+
+
 def _coerce(name: str, value: Any, where: str) -> Any:
-    """Convert one value to the Workload field's declared type, or raise naming `where`."""
     meta = FIELDS[name].metadata
     optional, hint = _optional(_HINTS[name])
     kind = meta.get("kind")
@@ -137,16 +125,35 @@ def _coerce(name: str, value: Any, where: str) -> Any:
         return _activation_name(value, where)
     if kind == "dtype":
         return _dtype_name(value, where)
-    if kind == "version" and isinstance(value, (int, float)) and not isinstance(value, bool):
-        # YAML reads 2.8 as a number and 2.10 as 2.1: a version must stay text
-        raise InputError(where, f"write the version as text, e.g. 2.8.0 or \"2.8\" "
-                                f"(YAML reads a bare {value!r} as a number; 2.10 would become 2.1)")
+    if kind == "version":
+        return _version_text(value, where)
     if kind == "labels" and not isinstance(value, (list, tuple)):
         raise InputError(where, f"must be a list of labels, got {type(value).__name__} {value!r}"
                          " (megatron-core iterates a string character by character)")
     if kind == "enum" and isinstance(value, str) and "." in value:
         value = value.rsplit(".", 1)[1]           # AttnBackend.flash -> flash
     return _coerce_type(hint, value, where, meta)
+
+
+def _version_text(value: Any, where: str) -> str:
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        # YAML reads 2.8 as a number and 2.10 as 2.1: a version must stay text
+        raise InputError(where, f"write the version as text, e.g. 2.8.0 or \"2.8\" "
+                                f"(YAML reads a bare {value!r} as a number; 2.10 would become 2.1)")
+    if not isinstance(value, str):
+        raise InputError(where, f"must be a version such as 2.8.0, got {value!r}")
+    from packaging.version import InvalidVersion, Version
+
+    from mbridge_recompute.rules.builtin import TE_ABSENT
+
+    if value.strip().lower() in TE_ABSENT:
+        return value
+    try:
+        Version(value)
+    except InvalidVersion:
+        raise InputError(where, f"{value!r} is not a version (e.g. 2.8.0; or 'none' when Transformer "
+                                "Engine is absent)") from None
+    return value
 
 
 def _coerce_type(hint, value: Any, where: str, meta) -> Any:
@@ -166,22 +173,25 @@ def _coerce_type(hint, value: Any, where: str, meta) -> Any:
         if meta.get("kind") == "layer-mask" and not all(
                 isinstance(v, int) and not isinstance(v, bool) and v in (0, 1) for v in value):
             raise InputError(where, "a list must hold 0/1 per layer")
+        limit = meta.get("limit") or FIELDS["num_layers"].metadata["limit"]
+        if len(value) > limit:
+            raise InputError(where, f"has {len(value)} entries; at most {limit}")
         return [_coerce_type(item, v, where, {}) for v in value]
     if origin is typing.Literal:
         choices = typing.get_args(hint)
         if not isinstance(value, str) or value not in choices:
-            raise InputError(where, f"must be one of {', '.join(choices)}, got {value!r}")
+            raise InputError(where, f"must be one of {', '.join(choices)}, got {_short(value)}")
         return value
     if hint is bool:
         if isinstance(value, bool):
             return value
-        raise InputError(where, f"must be true or false, got {value!r}")
+        raise InputError(where, f"must be true or false, got {_short(value)}")
     if hint is int:
         if isinstance(value, bool) or not isinstance(value, int):
-            if isinstance(value, float) and value.is_integer():
+            if isinstance(value, float) and value.is_integer() and abs(value) <= MAX_INT:
                 value = int(value)
             else:
-                raise InputError(where, f"must be an integer, got {value!r}")
+                raise InputError(where, f"must be an integer, got {_short(value)}")
         _check_bounds(value, where, meta)
         limit = meta.get("limit")
         if limit is not None and value > limit:
@@ -189,16 +199,21 @@ def _coerce_type(hint, value: Any, where: str, meta) -> Any:
         return value
     if hint is float:
         if isinstance(value, bool) or not isinstance(value, (int, float)):
-            raise InputError(where, f"must be a number, got {value!r}")
+            raise InputError(where, f"must be a number, got {_short(value)}")
         if not abs(value) <= MAX_INT:   # written so that nan fails too (YAML reads .nan, .inf)
-            raise InputError(where, f"must be a finite number of at most {MAX_INT}, got {value}")
+            raise InputError(where, f"must be a finite number of at most {MAX_INT}, got {_short(value)}")
         _check_bounds(value, where, meta)
         return float(value)
     if hint is str:
         if not isinstance(value, str):
-            raise InputError(where, f"must be a string, got {value!r}")
+            raise InputError(where, f"must be a string, got {_short(value)}")
         return value
     raise TypeError(f"Workload field type {hint!r} has no reader")   # a new field needs one
+
+
+def _short(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 80 else text[:77] + "..."
 
 
 def _check_bounds(value, where: str, meta) -> None:
@@ -210,17 +225,18 @@ def _check_bounds(value, where: str, meta) -> None:
     if bound == "fraction" and not 0 <= value < 1:
         raise InputError(where, f"must be in [0, 1), got {value}")
     if abs(value) > MAX_INT:
-        raise InputError(where, f"must be at most {MAX_INT}, got {value}")
+        raise InputError(where, f"must be at most {MAX_INT}, got {_short(value)}")
 
 
-def _coerce_extra(name: str, value: Any, where: str) -> Any:
+def coerce_extra(name: str, value: Any, where: str) -> Any:
+    """Check a model field outside Workload that the memory model reads; pass the others through."""
     if value is None:
         return None
     if name in _EXTRA_SIZES and (isinstance(value, bool) or not isinstance(value, int)
                                  or not 0 < value <= MAX_INT):
-        raise InputError(where, f"must be a positive integer of at most {MAX_INT}, got {value!r}")
+        raise InputError(where, f"must be a positive integer of at most {MAX_INT}, got {_short(value)}")
     if name in _EXTRA_FLAGS and not isinstance(value, bool):
-        raise InputError(where, f"must be true or false, got {value!r}")
+        raise InputError(where, f"must be true or false, got {_short(value)}")
     return value
 
 
@@ -230,130 +246,98 @@ def _dtype_name(value: Any, where: str) -> str:
     key = value.strip().lower().removeprefix("torch.") if isinstance(value, str) else None
     if key not in _DTYPE_NAMES:
         raise InputError(where, f"must be a dtype such as fp32, bf16, fp16 or fp8 (torch.uint8), "
-                                f"got {value!r}")
+                                f"got {_short(value)}")
     return _DTYPE_NAMES[key]
 
 
 def _activation_name(value: Any, where: str) -> str:
     if isinstance(value, dict) and "_target_" in value:
         value = value["_target_"]
-    if not isinstance(value, str):
-        raise InputError(where, f"must be a function name such as silu or gelu, got {value!r}")
+    if not isinstance(value, str) or not value.strip():
+        raise InputError(where, f"must be a function name such as silu or gelu, got {_short(value)}")
     return value.rsplit(".", 1)[-1].split(" ")[0].strip("<>")
 
 
 # ---------------------------------------------------------------- sources
 def read_text(path, where: str) -> str:
-    """A user's input file as text, or InputError naming `where`."""
+    """A user's input file as text (at most yamlio.MAX_BYTES), or InputError naming `where`."""
+    p = Path(path)
     try:
-        return Path(path).read_text(encoding="utf-8")
+        size = p.stat().st_size
+        if p.is_dir():
+            raise InputError(where, f"{path} is a directory, not a file")
+        if size > yamlio.MAX_BYTES:
+            raise InputError(where, f"{path} is {size} bytes; at most {yamlio.MAX_BYTES} are read "
+                                    "(a ConfigContainer dump is about 30 KB)")
+        return p.read_text(encoding="utf-8")
     except FileNotFoundError:
         raise InputError(where, f"no such file: {path}") from None
     except (OSError, UnicodeDecodeError) as exc:
         raise InputError(where, f"cannot read {path}: {exc.__class__.__name__}") from None
 
 
-def _read_yaml(path: Path, where: str) -> dict:
-    import yaml  # light; imported only when a file is read
-
-    text = read_text(path, where)
-    try:
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        at = f" at line {mark.line + 1}" if mark else ""
-        raise InputError(where, f"not valid YAML{at}: {getattr(exc, 'problem', exc)}") from None
-    if data is None:
-        return {}
+def read_yaml_text(text: str, where: str) -> dict:
+    """A workload document: a non-empty mapping of sections."""
+    data = yamlio.load_text(text, where)
+    if data is None or data == {}:
+        raise InputError(where, "is empty: a workload holds sections such as model:, train:, cluster: "
+                                "(or is a Bridge ConfigContainer dump)")
     if not isinstance(data, dict):
         raise InputError(where, "must be a mapping with sections such as model:, train:, cluster:")
     return data
 
 
-def _sections_to_fields(data: dict, origin: str) -> tuple[dict, dict]:
-    """Map the file's sections onto Workload fields. Returns (fields, extra_model)."""
-    fields: dict[str, Any] = {}
-    extra: dict[str, Any] = {}
-    unread: dict[str, Any] = {}
-    mapped = {"train": (section_fields("train"), TRAIN_OTHER_KEYS),
-              "ddp": (section_fields("ddp"), DDP_OTHER_KEYS),
-              "comm_overlap": (section_fields("comm_overlap"), None),
-              "cluster": (section_fields("cluster"), frozenset()),
-              "optimizer": (section_fields("optimizer"), None)}
-    for section, body in data.items():
-        where = f"{origin}{section}"
-        if section == "model":
-            if not isinstance(body, dict):
-                raise InputError(where, "must be a mapping of TransformerConfig fields")
-            known = _known_model_keys()
-            for key, value in body.items():
-                kw = f"{where}.{key}"
-                if key in FIELD_NAMES:
-                    fields[key] = _coerce(key, value, kw)
-                elif key == "first_k_dense_replace":
-                    fields.setdefault("_first_k_dense", (value, kw))
-                elif key in known:
-                    if key in mcore_field_names():
-                        extra[key] = _coerce_extra(key, value, kw)
-                    else:
-                        unread[key] = value
-                else:
-                    raise InputError(kw, f"unknown model field{_suggest(key, known)}")
-        elif section in mapped:
-            ours, others = mapped[section]
-            if not isinstance(body, dict):
-                raise InputError(where, "must be a mapping")
-            for key, value in body.items():
-                kw = f"{where}.{key}"
-                if key in ours:
-                    fields[key] = _coerce(key, value, kw)
-                elif others is None or key in others:
-                    unread[f"{section}.{key}"] = value
-                else:
-                    raise InputError(kw, f"unknown {section} field"
-                                     f"{_suggest(key, set(ours) | set(others))}")
-        elif section in IGNORED_SECTIONS or section.startswith("_"):
-            continue
-        else:
-            top = {"model", "train", "ddp", "comm_overlap", "cluster", "optimizer"} | IGNORED_SECTIONS
-            raise InputError(where, f"unknown section{_suggest(section, top)}")
-    fields["unread"] = unread
-    return fields, extra
+def _read_yaml(path: Path, where: str) -> dict:
+    return read_yaml_text(read_text(path, where), where)
+
+
+def read_json(path: str, where: str) -> Any:
+    return yamlio.load_json_text(read_text(path, where), where, str(path))
 
 
 def parse_override(text: str) -> tuple[str, Any]:
     """Parse one Hydra-style `key=value`. Values use YAML scalars/flow lists: null, true, [a,b]."""
-    import yaml
-
+    if len(text) > MAX_SET_CHARS:
+        raise InputError(f"--set {text[:40]}...", f"is {len(text)} characters; at most {MAX_SET_CHARS}")
     if "=" not in text:
         raise InputError(f"--set {text}", "expected key=value")
     key, raw = text.split("=", 1)
     key = key.strip().lstrip("+")
     if not key:
         raise InputError(f"--set {text}", "empty key")
-    try:
-        value = yaml.safe_load(raw) if raw.strip() else ""
-    except yaml.YAMLError:
-        value = raw
+    if raw.strip():
+        try:
+            value = yamlio.load_text(raw, f"--set {key}")
+        except InputError as exc:
+            if "not valid YAML" not in exc.reason:
+                raise
+            value = raw          # not YAML: the text itself (a Hydra string)
+    else:
+        value = ""
     if key.endswith("recompute_modules") and isinstance(value, str) and value not in ("",):
         value = [v.strip() for v in value.split(",")]  # the harness flag's comma form
     return key, value
 
 
+def _override_path(key: str) -> list[str]:
+    parts = key.split(".")
+    if len(parts) == 1:
+        section = next((sec for sec in ("cluster", "train") if parts[0] in section_fields(sec)), "model")
+        parts = [section, parts[0]]
+    if len(parts) != 2 or not all(parts):
+        raise InputError(f"--set {key}", "expected section.key (e.g. model.recompute_modules)")
+    return parts
+
+
 def _apply_overrides(data: dict, overrides: Iterable[str]) -> None:
     for text in overrides:
         key, value = parse_override(text)
-        parts = key.split(".")
-        if len(parts) == 1:
-            section = next((sec for sec in ("cluster", "train") if parts[0] in section_fields(sec)),
-                           "model")
-            parts = [section, parts[0]]
-        if len(parts) != 2:
-            raise InputError(f"--set {key}", "expected section.key (e.g. model.recompute_modules)")
-        data.setdefault(parts[0], {})
-        if not isinstance(data[parts[0]], dict):
-            raise InputError(f"--set {key}", f"section {parts[0]} is not a mapping")
-        data[parts[0]][parts[1]] = value
+        section, name = _override_path(key)
+        if data.get(section) is None:
+            data[section] = {}
+        if not isinstance(data[section], dict):
+            raise InputError(f"--set {key}", f"section {section} is not a mapping")
+        data[section][name] = value
 
 
 def _merge(base: dict, top: dict) -> dict:
@@ -366,12 +350,112 @@ def _merge(base: dict, top: dict) -> dict:
     return out
 
 
+def split_recipe_sets(sets: Iterable[str]) -> tuple[list[str], list[str]]:
+    """(ours, Bridge's): with --recipe, `cluster.*` (and bare cluster keys) are ours; every other
+    override goes to Bridge's override code as the user wrote it (`model.x=1`, `+train.y=2`)."""
+    ours, theirs = [], []
+    for text in sets:
+        key = text.split("=", 1)[0].strip().lstrip("+~")
+        section = _override_path(key)[0] if "=" in text and key else "model"
+        if section == "cluster":
+            ours.append(text)
+        elif "." not in key and "=" in text:
+            theirs.append(f"{section}.{text.strip()}")
+        else:
+            theirs.append(text)
+    return ours, theirs
+
+
+# ---------------------------------------------------------------- source of defaults
+def _source_of(data: dict, where: str, given: Optional[str]) -> str:
+    from mbridge_recompute.inputs import defaults
+
+    stated = data.pop("source", None)
+    if stated is not None:
+        if stated not in defaults.SOURCES:
+            raise InputError(f"{where}: source" if where else "source",
+                             f"must be one of {', '.join(defaults.SOURCES)}, got {_short(stated)}")
+        return stated
+    if given:
+        return given
+    from mbridge_recompute.inputs import bridge
+
+    return "bridge" if bridge.is_dump(data) else "mcore"
+
+
+def _apply_defaults(data: dict, source: str) -> None:
+    from mbridge_recompute.inputs import defaults
+
+    model = data.get("model") if isinstance(data.get("model"), dict) else None
+    if model is None:
+        return
+    hybrid = bool(model.get("hybrid_override_pattern") or model.get("hybrid_layer_pattern"))
+    for name, (value, _why) in defaults.table(source, hybrid=hybrid).items():
+        model.setdefault(name, value)
+
+
+# ---------------------------------------------------------------- sections -> fields
+def _sections_to_fields(data: dict, origin: str, provider: Optional[str]) -> tuple[dict, dict, list]:
+    """Map the file's sections onto Workload fields. Returns (fields, extra_model, not_modelled)."""
+    out: dict[str, Any] = {}
+    extra: dict[str, Any] = {}
+    notes: list[str] = []
+    read = ("model", "train", "ddp", "optimizer", "comm_overlap", "cluster")
+    bridge_sections = upstream_fields.sections()
+    for section in data:
+        if not isinstance(section, str):
+            raise InputError(origin or "workload", f"section names must be text, got {_short(section)}")
+        if section in read or section in OURS_TOP or section.startswith("_"):
+            continue
+        if section in bridge_sections or section in OLD_SECTIONS:
+            body = data[section]
+            if isinstance(body, dict) and section in ("dist", "train", "dataset"):
+                notes += upstream_fields.not_modelled(section, body)
+            continue
+        top = set(read) | set(bridge_sections) | OURS_TOP
+        raise InputError(f"{origin}{section}", f"unknown section{_suggest(section, top)}")
+    for section in read:
+        body = data.get(section)
+        where = f"{origin}{section}"
+        if body is None:
+            continue               # `comm_overlap: null` in a dump: the section is absent
+        if not isinstance(body, dict):
+            raise InputError(where, "must be a mapping of TransformerConfig fields" if section == "model"
+                             else "must be a mapping")
+        known = upstream_fields.known(section)
+        ours = FIELD_NAMES if section == "model" else section_fields(section)
+        for key, value in body.items():
+            kw = f"{where}.{key}"
+            if not isinstance(key, str):
+                raise InputError(f"{where}.{_short(key)}", "keys must be text")
+            if key == "mtp_num_layers" and value == 0 and not isinstance(value, bool):
+                value = None     # 0 is no MTP: megatron-core tests `if config.mtp_num_layers`
+                #                  (models/gpt/gpt_model.py:686 @ core_v0.19.2); Hybrid providers default to 0
+            if key in ours:
+                if section != "model" or FIELDS[key].metadata["section"] == "model" or key not in out:
+                    out[key] = _coerce(key, value, kw)
+            elif key == "first_k_dense_replace":
+                out["_first_k_dense"] = (value, kw)
+            elif key in known:
+                if section == "model":
+                    extra[key] = coerce_extra(key, value, kw)
+            else:
+                raise InputError(kw, f"unknown {section} field{_suggest(key, known)}")
+        if section != "cluster":
+            notes += upstream_fields.not_modelled(section, body, provider)
+    return out, extra, notes
+
+
 def load_workload(path: str | None = None, sets: Iterable[str] = (), model: str | None = None,
                   hf_config: str | None = None, mcore_version: str | None = None,
-                  default: bool = False) -> Workload:
-    """Build and validate a Workload. `default=True` starts from the embedded default workload."""
+                  default: bool = False, recipe: str | None = None,
+                  mlm_args: Optional[list] = None) -> Workload:
+    """Build and validate a Workload. `default=True` starts from the embedded default workload
+    when no other source is given."""
+    sets = list(sets)
     data: dict = {}
-    if default and not (path or model or hf_config):
+    source: Optional[str] = None
+    if default and not (path or model or hf_config or recipe or mlm_args is not None):
         data = _read_yaml(DATA / "default_workload.yaml", "default workload")
     if model:
         from mbridge_recompute.inputs import catalog
@@ -381,20 +465,100 @@ def load_workload(path: str | None = None, sets: Iterable[str] = (), model: str 
         from mbridge_recompute.inputs import hf_config as hf
 
         data = _merge(data, {"model": hf.model_fields(Path(hf_config))})
+    if recipe:
+        from mbridge_recompute.inputs import recipe as recipes
+
+        sets, bridge_sets = split_recipe_sets(sets)
+        text = recipes.build_yaml(recipe, bridge_sets)
+        data = _merge(data, read_yaml_text(text, f"--recipe {recipe}"))
+        source = "bridge"
+    mlm_notes: list[str] = []
+    if mlm_args is not None:
+        from mbridge_recompute.inputs import mlm_args as mlm
+
+        parsed = mlm.sections(mlm_args, mcore_version)
+        info = parsed.pop("_mlm")
+        mlm_notes = [f"{flag} (a Megatron-LM flag the conversion does not read)" for flag in info["unread"]]
+        data = _merge(data, parsed)
+        source = "megatron-lm"
     if path:
         data = _merge(data, _read_yaml(Path(path), path))
+    source = _source_of(data, path or "", source)
+    from mbridge_recompute.inputs import bridge
+
+    runtime_notes: list[str] = []
+    if source == "bridge" or bridge.is_dump(data):
+        runtime_notes = bridge.as_run(data, path or (f"--recipe {recipe}" if recipe else ""))
     _apply_overrides(data, sets)
-    fields, extra = _sections_to_fields(data, "")
+    runtime_notes += bridge.normalise_model(data)
+    _apply_defaults(data, source)
+    provider = bridge.provider_family(data)
+    fields, extra, notes = _sections_to_fields(data, "", provider)
     first_k = fields.pop("_first_k_dense", None)
     if first_k is not None and "moe_layer_freq" not in fields:
         value, where = first_k
         n = fields.get("num_layers", Workload.num_layers)
         if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= n:
-            raise InputError(where, f"must be an integer from 0 to num_layers={n}, got {value!r}")
+            raise InputError(where, f"must be an integer from 0 to num_layers={n}, got {_short(value)}")
         fields["moe_layer_freq"] = [0] * value + [1] * (n - value)
-    workload = Workload(**fields, extra_model=extra)
+    fields.update(_hybrid_layers(fields, extra, mcore_version))
+    workload = Workload(**fields, extra_model=extra, defaults_source=source,
+                        not_modelled=sorted(set(runtime_notes + notes + mlm_notes)))
     validate(workload, mcore_version or releases.target_version())
     return workload
+
+
+def load_from_args(args, mcore_version: str | None = None, default: bool = False) -> Workload:
+    """load_workload with the options add_workload_arguments declares."""
+    mlm = getattr(args, "mlm_args", None)
+    if mlm is not None and not isinstance(mlm, list):
+        mlm = [mlm]
+    return load_workload(args.workload, args.sets, model=args.model, hf_config=args.hf_config,
+                         mcore_version=mcore_version, default=default,
+                         recipe=getattr(args, "recipe", None), mlm_args=mlm)
+
+
+def has_workload(args) -> bool:
+    """Whether the options name a workload (the tools that can run without one check this)."""
+    return bool(args.workload or args.model or args.hf_config or args.sets
+                or getattr(args, "recipe", None) or getattr(args, "mlm_args", None) is not None)
+
+
+def _hybrid_layers(fields: dict, extra: dict, version: Optional[str]) -> dict:
+    """Check a hybrid layer pattern against the symbols megatron-core knows, and derive the layer
+    count and MTP depth from it (what Bridge's HybridModelProvider does, hybrid_provider.py:196-217
+    @ megatron-bridge 0.6.2)."""
+    pattern = fields.get("hybrid_override_pattern")
+    if pattern is None:
+        return {}
+    name = "hybrid_layer_pattern" if "hybrid_layer_pattern" in extra else "hybrid_override_pattern"
+    where = f"model.{name}"
+    if not pattern:
+        raise InputError(where, "must not be empty")
+    key = releases.resolve_version(version) if version else releases.target_version()
+    anywhere = set("".join(HYBRID_SYMBOLS.values()))
+    allowed = set(HYBRID_SYMBOLS.get(key, HYBRID_SYMBOLS["main"]))
+    for ch in pattern:
+        if ch not in anywhere:
+            raise InputError(where, f"{ch!r} is not a layer symbol of any megatron-core release "
+                                    f"(valid: {' '.join(sorted(anywhere))})")
+        if ch not in allowed:
+            raise InputError(where, f"{ch!r} is not a layer symbol of megatron-core {key} (valid there: "
+                                    f"{' '.join(sorted(allowed))}; it raises ValueError, "
+                                    "hybrid_layer_allocation.py:288-294 @ core_v0.19.0)")
+    main, _, mtp = pattern.partition("/")
+    layers = main.replace("|", "")
+    unmodelled = sorted(set(layers) - set(MODELLED_SYMBOLS))
+    if unmodelled:
+        raise InputError(where, f"layer symbol(s) {' '.join(unmodelled)} (DSA / MLA layers of a hybrid "
+                                "stack) are not modelled by the memory model yet")
+    out = {"hybrid_override_pattern": layers}
+    if len(layers) > FIELDS["num_layers"].metadata["limit"]:
+        raise InputError(where, f"has {len(layers)} layers; at most {FIELDS['num_layers'].metadata['limit']}")
+    out["num_layers"] = len(layers)
+    if mtp and fields.get("mtp_num_layers") is None:
+        out["mtp_num_layers"] = len([s for s in mtp.split("/") if s])
+    return out
 
 
 def validate(w: Workload, version: str) -> None:
@@ -427,10 +591,6 @@ def validate(w: Workload, version: str) -> None:
             raise InputError(field, f"unknown name {unknown[0]!r}{_suggest(unknown[0], known)} for "
                                     f"megatron-core {releases.resolve_version(version)}; valid: "
                                     f"{', '.join(known)}")
-    if w.num_microbatches > MAX_MICROBATCHES:
-        raise InputError("train.global_batch_size",
-                         f"{w.global_batch_size} makes {w.num_microbatches} micro-batches per step; "
-                         f"at most {MAX_MICROBATCHES}")
     if isinstance(w.moe_layer_freq, list) and len(w.moe_layer_freq) != w.num_layers:
         raise InputError("model.moe_layer_freq",
                          f"has {len(w.moe_layer_freq)} entries for num_layers={w.num_layers}")
@@ -444,6 +604,8 @@ def validate(w: Workload, version: str) -> None:
     if w.num_gpus and w.num_gpus % w.model_parallel_size:
         raise InputError("cluster.num_gpus",
                          f"{w.num_gpus} is not a multiple of TP*PP*CP={w.model_parallel_size}")
+    _batch(w)
+    _sequence(w)
     if not w.use_precision_aware_optimizer:
         # MCore asserts these (optimizer/optimizer_config.py:414-426 @ core_v0.16.1)
         for name in _DTYPE_FIELDS:
@@ -462,26 +624,87 @@ def validate(w: Workload, version: str) -> None:
     if w.recompute_method not in (None, "uniform", "block"):
         raise InputError("model.recompute_method",
                          f"must be uniform, block or null, got {w.recompute_method!r}")
-    if w.recompute_granularity == "selective" and w.recompute_modules:
-        releases.require_known(w.recompute_modules, version, "model.recompute_modules")
+    # Recompute labels are not checked here: a label the release does not know is a checker
+    # finding (modules-invalid-label, exit 1) with that release's own message.
 
 
-def read_json(path: str, where: str) -> Any:
-    text = read_text(path, where)
-    try:
-        return json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise InputError(where, f"{path} is not valid JSON (line {exc.lineno}): {exc.msg}") from None
+def _batch(w: Workload) -> None:
+    """The global batch must split into whole micro-batches on every data-parallel rank: megatron-core
+    asserts 'global batch size ({}) is not divisible by micro batch size ({}) times data parallel
+    size ({})' (num_microbatches_calculator.py:380-385 @ core_v0.19.0; :339-343 @ core_v0.16.1)
+    before training starts; the memory model would otherwise floor the count and plan a run that
+    cannot start. Unusable input (exit 2), not a release-dependent finding: every release raises."""
+    mbs, dp = w.micro_batch_size, w.data_parallel_size
+    gbs = w.global_batch_size
+    if gbs is not None and gbs % (mbs * dp):
+        dp_text = f"{dp}" if w.num_gpus else "1, as cluster.num_gpus is not given"
+        raise InputError("train.global_batch_size",
+                         f"global batch size ({gbs}) is not divisible by micro batch size ({mbs}) times "
+                         f"data parallel size ({dp_text}); megatron-core refuses it "
+                         "(num_microbatches_calculator.py:380-385 @ core_v0.19.0)")
+    if w.num_microbatches > MAX_MICROBATCHES:
+        raise InputError("train.global_batch_size",
+                         f"{w.global_batch_size} makes {w.num_microbatches} micro-batches per step; "
+                         f"at most {MAX_MICROBATCHES}")
+
+
+def _sequence(w: Workload) -> None:
+    """How the sequence splits: over 2*CP chunks (Bridge config.py:1435-1438 @ megatron-bridge 0.6.2,
+    Megatron-LM arguments.py:1295-1298 @ core_v0.19.0), and, with sequence parallelism, each CP
+    rank's part over the TP ranks (tensor_parallel/mappings.py:70-74 @ core_v0.19.0 asserts 'First
+    dimension of the tensor should be divisible by tensor parallel size' at the first forward)."""
+    s, cp, tp = w.seq_length, w.context_parallel_size, w.tensor_model_parallel_size
+    if cp > 1 and s % (2 * cp):
+        raise InputError("model.seq_length",
+                         f"{s} is not a multiple of 2 * context_parallel_size = {2 * cp}: 'Sequence length "
+                         "must be divisible by 2 * context parallel size if context parallel is used.' "
+                         "(Bridge config.py:1435-1438; Megatron-LM arguments.py:1295-1298)")
+    if w.sequence_parallel and tp > 1 and (s // cp) % tp:
+        raise InputError("model.seq_length",
+                         f"{s} tokens per sample give {s // cp} per context-parallel rank, not a multiple of "
+                         f"tensor_model_parallel_size={tp}: with sequence_parallel megatron-core asserts "
+                         "'First dimension of the tensor should be divisible by tensor parallel size' "
+                         "(tensor_parallel/mappings.py:70-74 @ core_v0.19.0)")
 
 
 def add_workload_arguments(parser) -> None:
     """Options shared by every workload-taking tool."""
+    import argparse
+
     parser.add_argument("workload", nargs="?", metavar="WORKLOAD.yaml",
-                        help="workload file (our schema or a Bridge config dump)")
+                        help="workload file: our schema or a Bridge ConfigContainer dump "
+                             "(logger.save_config_filepath, cfg.to_yaml())")
     parser.add_argument("--model", metavar="NAME", help="start from a catalog model")
     parser.add_argument("--hf-config", metavar="PATH", help="architecture from a Hugging Face config.json")
+    parser.add_argument("--recipe", metavar="NAME",
+                        help="a Megatron Bridge recipe function (llama3_8b_pretrain_2gpu_h100_bf16_config, "
+                             "or module:function), built by Bridge where it imports; --set overrides "
+                             "then go through Bridge's own override code")
     parser.add_argument("--set", dest="sets", action="append", default=[], metavar="KEY=VALUE",
                         help="override, Hydra syntax: model.recompute_modules=[moe_act] (repeatable)")
     parser.add_argument("--mcore-version", metavar="VER",
                         help="megatron-core version to check labels against "
-                             "(default: the installed one, else 0.16.1)")
+                             "(default: the installed one, else the newest the card covers)")
+    parser.add_argument("--mlm-args", nargs=argparse.REMAINDER, action=_MlmArgs, metavar="FILE | -- ARGS",
+                        help="a Megatron-LM pretrain_gpt.py argument list: a file (the command line, or a "
+                             "functional-test model_config.yaml), or -- and the arguments themselves (then "
+                             "last on the line); read with Megatron-LM's own argument definitions")
+
+
+class _MlmArgs:
+    """`--mlm-args FILE [more options]` or `--mlm-args -- ARGS...` (everything after --)."""
+
+    def __new__(cls, *args, **kwargs):
+        import argparse
+
+        class Action(argparse.Action):
+            def __call__(self, parser, namespace, values, option_string=None):
+                values = list(values or [])
+                if values and values[0] != "--" and not values[0].startswith("-"):
+                    setattr(namespace, self.dest, values[:1])
+                    if values[1:]:           # the options after FILE are the tool's own
+                        parser.parse_args(values[1:], namespace)
+                    return
+                setattr(namespace, self.dest, values[1:] if values[:1] == ["--"] else values)
+
+        return Action(*args, **kwargs)

@@ -24,6 +24,8 @@ class Unmodelled(NamedTuple):
     changes: str
 
     def sentence(self) -> str:
+        if self.value == "":
+            return f"not modelled: {self.key} ({self.changes})"
         return f"not modelled: {self.key}={_show(self.value)} ({self.changes})"
 
 
@@ -62,8 +64,8 @@ def _show(value) -> str:
 
 
 def lookup(w, key: str):
-    """A key's value in `w`: a Workload field, a model key kept in extra_model, or a key the
-    loader kept unread (`w.unread`, by section.key); _MISSING when the workload does not set it."""
+    """A key's value in `w`: a Workload field or a model key kept in extra_model; _MISSING when
+    the workload does not hold it."""
     from mbridge_recompute.workload import FIELDS
 
     if key in FIELDS:
@@ -71,9 +73,6 @@ def lookup(w, key: str):
     extra = w.extra_model if isinstance(w.extra_model, dict) else {}
     if key in extra:
         return extra[key]
-    unread = getattr(w, "unread", None) or {}
-    if key in unread:
-        return unread[key]
     return _MISSING
 
 
@@ -142,9 +141,15 @@ def _inert(value, inert: list) -> bool:
 
 
 def unmodelled(w) -> list[Unmodelled]:
-    """The not-modelled settings of `w` whose value matters, in the file's order."""
+    """The not-modelled settings of `w` whose value matters: its Workload fields judged here, in
+    the file's order, then the input's other keys the loader judged (`w.not_modelled`,
+    inputs/fields.py: 'section.field=value', or a sentence of its own)."""
+    from mbridge_recompute.workload import FIELDS
+
     out = []
     for key, entry in load()["not_modelled"].items():
+        if key not in FIELDS:
+            continue
         value = lookup(w, key)
         if value is _MISSING or _inert(value, entry.get("inert", [])):
             continue
@@ -153,10 +158,17 @@ def unmodelled(w) -> list[Unmodelled]:
         if entry.get("inert_when") and holds(w, entry["inert_when"], value):
             continue
         out.append(Unmodelled(key, value, entry["changes"]))
-    data = load()
-    for key, value in (getattr(w, "unread", None) or {}).items():
-        if not any(key in data[c] for c in CATEGORIES) and value not in (None, False, [], {}):
-            out.append(Unmodelled(key, value, "a key this tool does not know; not read"))
+    data = load()["not_modelled"]
+    seen = {u.key for u in out}
+    for note in getattr(w, "not_modelled", None) or []:
+        head, eq, value = note.partition("=")
+        key = head[len("model."):] if head.startswith("model.") else head
+        if not eq or " " in head:
+            out.append(Unmodelled(note, "", "as read from the input"))
+        elif key not in seen:
+            entry = data.get(key) or data.get(head) or {}
+            out.append(Unmodelled(key, value, entry.get("changes", "can change memory; not modelled")))
+            seen.add(key)
     return out
 
 

@@ -1,0 +1,303 @@
+"""The recompute setting a run actually had, next to the one its command asked for.
+
+A run is a harness run directory (`log.txt`, `manifest.json`, `ConfigContainer.yaml`, as
+runs/launch.py writes them) or a log with the config its rank dumped. What ran is read from the
+dump: on the flat harness path Bridge writes it after `runtime_config_update` and the model's
+`finalize()` (setup.py:724-743 @ megatron-bridge 0.6.2, `maybe_log_and_save_config`), so it holds
+the values megatron-core trained with. What was asked is the manifest's candidate when the
+harness built the run, and the recompute tokens of its argv otherwise.
+
+Each difference gets its cause, from what the Bridge harness and megatron-core do:
+
+- `none-promoted`: recompute_modules None becomes ["core_attn"] in `__post_init__`, outside the
+  selective branch, so at any granularity (tc:1193-1194 @ core_v0.16.1, :1763-1764 @ core_v0.19.0,
+  :1940-1941 @ main); Bridge never does it itself.
+- `recipe-leak`: `--recompute_modules` sets only the granularity and the labels (overrides.py:178-180
+  @ Megatron-Bridge v0.6.0), so a recipe's full-recompute method and layer count stay, and
+  megatron-core then rejects the mix ("recompute_num_layers must be None", tc:1752-1755 @ 0.19).
+- `flag-order`: argparse flags are applied after Hydra overrides (run_script.py:76-79 @ v0.6.0), so
+  `-rl N` (full/block/N, overrides.py:174-177) wins over a Hydra `model.recompute_*=null`.
+- `ignored-flags`: with `--use_recipes` the recompute flags are not read at all and Hydra is
+  applied last (run_recipe.py:45-208, 239-242 @ v0.6.0).
+- `ignored-label`: a label that ran but changes nothing for this model (the card's silent no-op
+  findings, e.g. moe on a dense model).
+
+Reads the run with logs/runlog.py's readers; nothing here imports torch or megatron.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Optional
+
+from mbridge_recompute.errors import InputError
+from mbridge_recompute.logs import runlog
+
+FIELDS = ("recompute_granularity", "recompute_modules", "recompute_method", "recompute_num_layers")
+_HYDRA = re.compile(r"^(\+\+|\+)?model\.(recompute_granularity|recompute_modules|recompute_method|"
+                    r"recompute_num_layers)=(.*)$")
+CAUSES = {
+    "none-promoted": "megatron-core turns recompute_modules None into [core_attn] at any granularity "
+                     "(transformer_config.py __post_init__: tc:1193-1194 @ core_v0.16.1, tc:1763-1764 @ "
+                     "core_v0.19.0); Bridge does not",
+    "recipe-leak": "the recipe's own value stayed: --recompute_modules sets only the granularity and the "
+                   "labels (scripts/performance/utils/overrides.py:178-180 @ Megatron-Bridge v0.6.0)",
+    "flag-order": "-rl is applied after the Hydra overrides (run_script.py:76-79, overrides.py:174-177 @ "
+                  "Megatron-Bridge v0.6.0), so a Hydra null cannot undo it",
+    "ignored-flags": "--use_recipes reads no recompute flag and applies Hydra last "
+                     "(run_recipe.py:45-208, 239-242 @ Megatron-Bridge v0.6.0)",
+    "ignored-label": "the label ran but changes nothing for this model",
+    "unexplained": "the recipe or another override set it",
+}
+
+
+@dataclass
+class Request:
+    field: str
+    value: object
+    token: str          # what the command said, as written
+
+
+@dataclass
+class RunSetting:
+    """What a run asked for and what it had."""
+    run: str
+    asked: dict                       # field -> value (absent: the command did not say)
+    asked_from: str                   # "manifest candidate" or "argv"
+    ran: Optional[dict]               # field -> value from the dump; None without a dump
+    ran_from: str
+    requests: list = field(default_factory=list)
+    differences: list = field(default_factory=list)    # {field, asked, ran, cause, why}
+    ignored_labels: list = field(default_factory=list)  # {label, finding, message}
+    error: Optional[str] = None       # the run's first exception line, if it failed
+    use_recipes: bool = False
+    argv: list = field(default_factory=list)
+
+    def to_dict(self) -> dict:
+        return {"run": self.run, "asked": self.asked, "asked_from": self.asked_from, "ran": self.ran,
+                "ran_from": self.ran_from,
+                "requests": [{"field": r.field, "value": r.value, "token": r.token} for r in self.requests],
+                "differences": self.differences, "ignored_labels": self.ignored_labels,
+                "error": self.error}
+
+
+def _hydra_value(text: str):
+    t = text.strip()
+    if t in ("null", "None", "~", ""):
+        return None
+    if t.startswith("[") and t.endswith("]"):
+        return [x.strip().strip("'\"") for x in t[1:-1].split(",") if x.strip()]
+    try:
+        return int(t)
+    except ValueError:
+        return t.strip("'\"")
+
+
+def requests_of(argv: list) -> tuple[list, bool]:
+    """The recompute requests of a harness argv, in the order the rank applies them: Hydra
+    overrides first, then the argparse flags (run_script.py:76-79 @ v0.6.0). And --use_recipes."""
+    hydra, flags = [], []
+    use_recipes = "--use_recipes" in argv
+    i = 0
+    while i < len(argv):
+        tok = str(argv[i])
+        m = _HYDRA.match(tok)
+        nxt = str(argv[i + 1]) if i + 1 < len(argv) else None
+        if m:
+            hydra.append(Request(m.group(2), _hydra_value(m.group(3)), tok))
+        elif tok.startswith("--recompute_modules"):
+            value = tok.split("=", 1)[1] if "=" in tok else nxt
+            if "=" not in tok:
+                i += 1
+            mods = (value or "").split(",")
+            flags += [Request("recompute_granularity", "selective", f"--recompute_modules {value}"),
+                      Request("recompute_modules", mods, f"--recompute_modules {value}")]
+        elif tok in ("-rl", "--recompute_num_layers") or tok.startswith(("-rl=", "--recompute_num_layers=")):
+            value = tok.split("=", 1)[1] if "=" in tok else nxt
+            if "=" not in tok:
+                i += 1
+            text = f"{tok.split('=')[0]} {value}"
+            try:
+                n = int(value)
+            except (TypeError, ValueError):
+                n = value
+            flags += [Request("recompute_granularity", "full", text),
+                      Request("recompute_method", "block", text), Request("recompute_num_layers", n, text)]
+        i += 1
+    if use_recipes:
+        return hydra, True            # the flags are not read on that path
+    return hydra + flags, False
+
+
+def _dump(path: Path) -> Optional[dict]:
+    from mbridge_recompute.inputs import yamlio
+    from mbridge_recompute.inputs.loading import read_text
+
+    data = yamlio.load_text(read_text(path, str(path)), str(path))
+    return data if isinstance(data, dict) else None
+
+
+def read(run: str, config: Optional[str] = None) -> tuple[RunSetting, Optional[dict]]:
+    """(the run's setting, the dumped ConfigContainer as a mapping or None)."""
+    given = Path(run)
+    if not given.exists():
+        raise InputError("--run", f"no such run directory or log: {run}")
+    log = runlog.log_of(given)
+    if given.is_dir() and not log.is_file():
+        raise InputError("--run", f"{run} holds no {runlog.LOG}")
+    manifest = runlog.read_manifest(log)
+    dump_path = Path(config) if config else log.parent / runlog.CONFIG_DUMP
+    if config and not dump_path.is_file():
+        raise InputError("--run-config", f"no such file: {config}")
+    dump = _dump(dump_path) if dump_path.is_file() else None
+    parsed = runlog.parse_file(log)
+    argv = [str(a) for a in (manifest or {}).get("argv") or []]
+    requests, use_recipes = requests_of(argv)
+    if manifest and isinstance(manifest.get("setting"), dict):
+        asked = {k: manifest["setting"].get(k) for k in FIELDS}
+        asked_from = "manifest candidate"
+    else:
+        asked = {}
+        for r in requests:
+            asked[r.field] = r.value
+        asked_from = "argv" if argv else "nothing (no manifest): only what ran is reported"
+    ran = None
+    model = dump.get("model") if isinstance(dump, dict) else None
+    if isinstance(model, dict):
+        ran = {k: model.get(k) for k in FIELDS}
+    error = None
+    if parsed.errors:
+        e = parsed.errors[0]
+        error = f"{e.exc_type}: {e.message}" if e.message else e.exc_type
+    setting = RunSetting(run=str(run), asked=asked, asked_from=asked_from, ran=ran,
+                         ran_from=str(dump_path) if ran is not None else "no config dump (the run did not "
+                         "reach the point where the rank writes it)", requests=requests,
+                         error=error, use_recipes=use_recipes, argv=argv)
+    setting.differences = differences(setting)
+    return setting, dump
+
+
+def differences(s: RunSetting) -> list:
+    out = []
+    if s.use_recipes:
+        flags = [a for a in s.argv if a.startswith(("--recompute_modules", "-rl", "--recompute_num_layers"))]
+        if flags:
+            out.append({"field": "recompute flags", "asked": flags, "ran": "not read",
+                        "cause": "ignored-flags", "why": CAUSES["ignored-flags"]})
+    if s.ran is None:
+        if s.error and "recompute_num_layers must be None" in s.error and \
+                s.asked.get("recompute_granularity") == "selective":
+            out.append({"field": "recompute_num_layers", "asked": s.asked.get("recompute_num_layers"),
+                        "ran": "rejected", "cause": "recipe-leak",
+                        "why": CAUSES["recipe-leak"] + f"; the run failed: {s.error}"})
+        return out
+    if s.asked_from == "argv":
+        out += _by_request(s)
+        return out
+    if s.asked_from != "manifest candidate":
+        return out                    # nothing says what was asked: what ran is the report
+    for name in FIELDS:
+        asked, ran = s.asked.get(name, _ABSENT), s.ran.get(name)
+        if _same(asked, ran) or _inert(s, name):
+            continue
+        cause = "flag-order" if _flag_won(s.requests, name, ran) else _unrequested_cause(name, ran)
+        if cause is None:
+            cause = "unexplained"
+        out.append({"field": name, "asked": None if asked is _ABSENT else asked, "ran": ran,
+                    "cause": cause, "why": CAUSES[cause]})
+    return out
+
+
+def _inert(s: RunSetting, name: str) -> bool:
+    """A field whose value changes nothing at the granularity that ran (and was asked): the labels
+    outside selective recompute, the method and layer count with recompute off (megatron-core reads
+    them only there: tc:1170-1230 @ core_v0.16.1)."""
+    g_ran, g_asked = s.ran.get("recompute_granularity"), s.asked.get("recompute_granularity", _ABSENT)
+    if name == "recompute_modules":
+        return g_ran != "selective" and g_asked != "selective"
+    if name in ("recompute_method", "recompute_num_layers"):
+        return g_ran is None and g_asked in (None, _ABSENT)
+    return False
+
+
+def _flag_won(requests: list, name: str, ran) -> bool:
+    """A Hydra override of `name` followed by a flag that set what ran (flags are applied last)."""
+    for i, r in enumerate(requests):
+        if r.field == name and r.token.lstrip("+").startswith("model."):
+            later = [x for x in requests[i + 1:]
+                     if x.field == name and not x.token.lstrip("+").startswith("model.")]
+            if later and _same(later[-1].value, ran):
+                return True
+    return False
+
+
+def _unrequested_cause(name: str, ran) -> Optional[str]:
+    """Why a field the command left as None (or did not name) ran with a value."""
+    if name == "recompute_modules" and ran == ["core_attn"]:
+        return "none-promoted"
+    if name in ("recompute_method", "recompute_num_layers") and ran is not None:
+        return "recipe-leak"
+    return None
+
+
+def _by_request(s: RunSetting) -> list:
+    """Differences for a command given as argv: each request that did not hold, and the fields it
+    did not name that ran with a value all the same."""
+    out = []
+    for i, r in enumerate(s.requests):
+        ran = s.ran.get(r.field)
+        if _same(r.value, ran):
+            continue
+        later = [x for x in s.requests[i + 1:] if x.field == r.field]
+        hydra = r.token.lstrip("+").startswith("model.")
+        if hydra and any(not x.token.lstrip("+").startswith("model.") for x in later):
+            cause = "flag-order"
+        elif r.field == "recompute_modules" and r.value is None and ran == ["core_attn"]:
+            cause = "none-promoted"
+        else:
+            cause = "unexplained"
+        if later and cause == "unexplained" and _same(later[-1].value, ran):
+            continue                  # a later request of the same command holds: no difference
+        out.append({"field": r.field, "asked": r.value, "ran": ran, "token": r.token, "cause": cause,
+                    "why": CAUSES[cause]})
+    named = {r.field for r in s.requests}
+    for name in FIELDS:
+        if name in named:
+            continue
+        cause = _unrequested_cause(name, s.ran.get(name))
+        if cause == "recipe-leak" and s.ran.get("recompute_granularity") != "selective":
+            cause = None              # the recipe's own full recompute, asked for by nothing else
+        if cause:
+            out.append({"field": name, "asked": None, "ran": s.ran.get(name), "cause": cause,
+                        "why": CAUSES[cause]})
+    return out
+
+
+class _Absent:
+    def __repr__(self):
+        return "<not asked>"
+
+
+_ABSENT = _Absent()
+
+
+def _same(a, b) -> bool:
+    if a is _ABSENT:
+        return False
+    if isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)):
+        return list(a) == list(b)
+    return a == b
+
+
+def add_ignored_labels(s: RunSetting, report: dict) -> None:
+    """Labels that ran but did nothing, from a check report of the run's effective workload."""
+    if not s.ran or s.ran.get("recompute_granularity") != "selective":
+        return
+    for f in report.get("findings", []):
+        if f.get("kind") == "silent-no-op":
+            s.ignored_labels.append({"finding": f["id"], "message": f["message"]})
+            s.differences.append({"field": "recompute_modules", "asked": s.asked.get("recompute_modules"),
+                                  "ran": s.ran.get("recompute_modules"), "cause": "ignored-label",
+                                  "why": f"{CAUSES['ignored-label']}: {f['message']} [{f['id']}]"})
