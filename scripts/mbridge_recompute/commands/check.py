@@ -36,10 +36,6 @@ setting its command asked for), 2 unusable input"""
 
 _ORDER = ("error", "warning", "info")
 # megatron-core promotes recompute_modules None to ["core_attn"] (tc:<line> by release)
-_PROMOTION_AT = {"0.16": "tc:1193-1194", "0.17": "tc:1373-1374", "0.18": "tc:1583-1584",
-                 "0.19": "tc:1763-1764", "main": "tc:1940-1941"}
-
-
 def add_arguments(parser) -> None:
     parser.add_argument("--validator", choices=("auto", "live", "builtin"), default="auto",
                         help="live: the installed megatron-core's TransformerConfig; builtin: the rule "
@@ -148,13 +144,6 @@ def _fill_label_message(report: dict, w) -> None:
 def _input_findings(w, report: dict) -> list:
     out = []
     key = report.get("facts") or "0.19"
-    if w.recompute_granularity == "selective" and w.recompute_modules is None:
-        out.append(_finding(
-            "modules-none-promoted", "warning",
-            "recompute_modules is None: megatron-core turns it into [core_attn] in __post_init__ (Bridge "
-            "does not), so this run recomputes core attention",
-            "write the labels out: recompute_modules=[core_attn] to keep it, or [] for the matched control",
-            f"{_PROMOTION_AT.get(key, _PROMOTION_AT['0.19'])} @ the {key} facts", "config"))
     later = _fields_of_other_releases(w, key)
     if later:
         out.append(_finding(

@@ -1018,6 +1018,13 @@ def _pre_mlp_ln_graph(s: State):
                "norm recompute is switched off", disables=(("layernorm", "moe"),))
 
 
+@rule("modules-none-promoted")
+def _none_promoted(s: State):
+    if s.w.recompute_granularity == "selective" and s.w.recompute_modules is None:
+        return Hit("recompute_modules is None: megatron-core turns it into [core_attn] in "
+                   "__post_init__ (Bridge does not), so this run recomputes core attention")
+
+
 @rule("full-recompute-on-hybrid-stack")
 def _full_hybrid(s: State):
     if s.w.hybrid_override_pattern and s.g == "full":
