@@ -35,7 +35,10 @@ def release_env(release: str) -> dict:
     envs = json.loads(manifest.read_text())
     if release not in envs:
         pytest.fail(f"{manifest} has no environment for megatron-core {release}")
-    return envs[release]
+    spec = dict(envs[release])
+    # a relative python is this checkout's own (.venv for 0.16.1); an absolute one is shared
+    spec["python"] = str(ROOT / spec["python"])
+    return spec
 
 
 def run_in(release: str, *args: str, timeout: float = 600) -> subprocess.CompletedProcess:

@@ -19,7 +19,6 @@
 # uv is used because it keeps a wheel cache (pip's stays empty against this registry).
 set -euo pipefail
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
-REPO=$(cd "$HERE/../.." && pwd)
 PINS=$HERE/pins
 ROOT=${MBR_ENVS:-$HOME/.cache/mbridge-recompute/envs}
 mkdir -p "$ROOT/t"
@@ -66,16 +65,19 @@ for v in 0.17.1 0.18.2 0.19.2; do
 done
 BRIDGE=$(target bridge-0.6.2 "$BASE" "$PINS/bridge-0.6.2.txt")
 
-python3 - "$ROOT/envs.json" "$REPO" "$BASE" "${PP[0.17.1]}" "${PP[0.18.2]}" "${PP[0.19.2]}" "$BRIDGE" <<'EOF'
+# 0.16.1 is named relative to the checkout (each checkout runs its own .venv) and the bridge
+# path carries no stand-in: the environments are shared by every checkout on the machine, so the
+# manifest names nothing that lives inside one (tests/bridge_env.py adds this checkout's stand-in)
+python3 - "$ROOT/envs.json" "$BASE" "${PP[0.17.1]}" "${PP[0.18.2]}" "${PP[0.19.2]}" "$BRIDGE" <<'EOF'
 import json, sys
-out, repo, base, p171, p182, p192, bridge = sys.argv[1:]
+out, base, p171, p182, p192, bridge = sys.argv[1:]
 envs = {
-    "0.16.1": {"python": f"{repo}/.venv/bin/python", "pythonpath": ""},
+    "0.16.1": {"python": ".venv/bin/python", "pythonpath": ""},
     "0.17.1": {"python": f"{base}/bin/python", "pythonpath": p171},
     "0.18.2": {"python": f"{base}/bin/python", "pythonpath": p182},
     "0.19.2": {"python": f"{base}/bin/python", "pythonpath": p192},
     "bridge-0.6.2": {"python": f"{base}/bin/python", "megatron_core": "0.19.2",
-                     "pythonpath": ":".join([p192, bridge, f"{repo}/tests/standins"])},
+                     "pythonpath": ":".join([p192, bridge])},
 }
 json.dump(envs, open(out, "w"), indent=1)
 print(out)

@@ -251,7 +251,7 @@ def write() -> None:
         if name.startswith("bridge"):
             path.append(str(ROOT / "tests" / "standins"))
         env["PYTHONPATH"] = os.pathsep.join(path)
-        python = spec["python"] if os.path.exists(spec["python"]) else sys.executable
+        python = str(ROOT / spec["python"])  # relative: this checkout's own venv
         extra = ["--bridge"] if name.startswith("bridge") else []
         proc = subprocess.run([python, "-W", "ignore", __file__, "--part", *extra],
                               capture_output=True, text=True, env=env, timeout=900)
