@@ -4,6 +4,7 @@ Megatron-Core rejects, with its message."""
 
 from __future__ import annotations
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -137,3 +138,60 @@ def test_a_split_megatron_core_rejects_is_exit_1_with_the_finding_not_unusable_i
     r = json.loads(p.stdout)
     assert p.returncode == 1 and r["recommendation"] is None and "pipeline split" in r["diagnosis"]
     assert any(f["id"] == "pp-does-not-divide-layers" for f in r["workload_findings"])
+
+
+# --- hybrid stacks from 0.17: '|' separators are the stages ----------------------------------
+def _hybrid(pattern, **kw):
+    from mbridge_recompute.workload import Workload
+
+    return Workload(num_layers=len(pattern.replace("|", "")), hybrid_override_pattern=pattern, **kw)
+
+
+def test_hybrid_pipes_are_the_stages_from_0_17():
+    from mbridge_recompute.placement import place
+
+    pl = place(_hybrid("M*M-|M*M-|MM|**", pipeline_model_parallel_size=2,
+                       virtual_pipeline_model_parallel_size=2), "0.19")
+    assert pl.ok and [[len(c) for c in r] for r in pl.chunks] == [[4, 2], [4, 2]]
+    assert pl.chunks[1][1] == ("attn", "attn")            # segment 3 = rank 1, chunk 1
+
+
+@pytest.mark.parametrize("pattern, kw, cid", [
+    ("M*M-|M*M-", {"num_layers_in_first_pipeline_stage": 4}, "hybrid-pipes-with-uneven-stages"),
+    ("M*M-M*M-", {"virtual_pipeline_model_parallel_size": 2}, "hybrid-vpp-needs-pipes"),
+    ("M*M-M*M-M", {}, "hybrid-pp-does-not-divide-layers"),
+    ("M*M|-M*|M-", {}, "hybrid-segments-not-divisible-by-pp"),
+    ("M*M-|M*M-", {"virtual_pipeline_model_parallel_size": 2}, "hybrid-segment-out-of-range"),
+    ("M*M-|M*M-|MM|**", {}, "hybrid-segments-beyond-vpp"),
+])
+def test_hybrid_splits_megatron_core_rejects_from_0_17(pattern, kw, cid):
+    from mbridge_recompute.placement import place
+
+    w = _hybrid(pattern, pipeline_model_parallel_size=2, **kw)
+    assert [p.cid for p in place(w, "0.17").problems] == [cid]
+
+
+def test_hybrid_uneven_counts_without_pipes_from_0_17():
+    from mbridge_recompute.placement import place
+
+    w = _hybrid("M*M-M*M-M*", pipeline_model_parallel_size=3, num_layers_in_first_pipeline_stage=2)
+    pl = place(w, "0.18")
+    assert pl.ok and pl.stage_layers == [2, 4, 4]
+    bad = _hybrid("M*M-M*M-M", pipeline_model_parallel_size=3, num_layers_in_first_pipeline_stage=2)
+    assert [p.cid for p in place(bad, "0.18").problems] == ["hybrid-uneven-middle-not-divisible"]
+
+
+def test_an_odd_hybrid_split_drops_layers_on_0_16_and_raises_from_0_17():
+    from mbridge_recompute.placement import place
+
+    w = _hybrid("M*M-M*M", pipeline_model_parallel_size=2)
+    assert [p.cid for p in place(w, "0.16").problems] == ["hybrid-pp-drops-layers"]
+    assert [p.cid for p in place(w, "0.17").problems] == ["hybrid-pp-does-not-divide-layers"]
+
+
+def test_a_megatron_lm_argument_list_derives_vpp_from_the_hybrid_segments():
+    from mbridge_recompute.inputs import mlm_args
+
+    spec = ["--num-layers", "12", "--hidden-size", "512", "--num-attention-heads", "8",
+            "--pipeline-model-parallel-size", "2", "--hybrid-layer-pattern", "M*M-|M*M-|MM|**"]
+    assert mlm_args.sections(spec, "0.19")["model"]["virtual_pipeline_model_parallel_size"] == 2

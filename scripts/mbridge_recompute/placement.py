@@ -14,9 +14,14 @@ Megatron-Core's arithmetic, followed here:
   divisible, transformer_block.py:170-178), and virtual stage `j*p + r` is rank r's chunk j
   (transformer_layer.py:39-180, `get_transformer_layer_offset`). Without pipeline parallelism
   there is one chunk (`get_num_layers_to_build` interleaves only when PP > 1);
-- hybrid (Mamba) stacks slice their layer pattern the same way but with a floor division in
-  the even case, so a remainder is never built, and assert that there is no interleaving
-  (ssm/mamba_block.py:172-219 @ core_v0.16.1);
+- hybrid (Mamba) stacks on 0.16 slice their layer pattern the same way but with a floor
+  division in the even case, so a remainder is never built, and assert that there is no
+  interleaving (ssm/mamba_block.py:172-219 @ core_v0.16.1); from 0.17 a pattern's '|' separators
+  are its stages (rank r's chunk j builds segment j*PP + r; segments past PP x VPP are never
+  built, which Megatron-LM's arguments avoid by deriving VPP = segments / PP,
+  arguments.py:687-705 @ core_v0.17.1, and a Bridge config does not), and without them the
+  layers are split evenly or by the first/last counts, each divisibility a ValueError
+  (select_pipeline_segment, ssm/mamba_hybrid_layer_allocation.py:314-468 @ core_v0.17.1);
 - an explicit `pipeline_model_parallel_layout` replaces all of the above: its stages, in
   virtual-stage order, say how many decoder (`t`) and MTP (`m`) layers each holds; stage `i`
   is rank `i % PP`'s chunk `i // PP`, and the number of stages over PP is the VPP size
@@ -91,6 +96,12 @@ def place(w, version: Optional[str] = None) -> Placement:
                              w.pipeline_model_parallel_size, w.virtual_pipeline_model_parallel_size,
                              w.num_layers_in_first_pipeline_stage,
                              w.num_layers_in_last_pipeline_stage, emb, loss, mtp)
+    if w.hybrid_override_pattern and _holds("hybrid-segments-not-divisible-by-pp", v):
+        return _place_hybrid_segments(tuple(w.hybrid_override_pattern.split("/")[0].split("|")),
+                                      w.pipeline_model_parallel_size,
+                                      w.virtual_pipeline_model_parallel_size,
+                                      w.num_layers_in_first_pipeline_stage,
+                                      w.num_layers_in_last_pipeline_stage, mtp)
     pl = _place(v, tuple(w.layer_kinds()), bool(w.hybrid_override_pattern),
                 w.pipeline_model_parallel_size,
                 w.virtual_pipeline_model_parallel_size, w.num_layers_in_first_pipeline_stage,
@@ -327,3 +338,70 @@ def _place_layout(kinds: tuple, stages: tuple, p: int, v: Optional[int], first, 
         if "m" in stage:
             mtp_at = (r, j)
     return Placement(tuple(tuple(rank) for rank in chunks), (), mtp_at, mtp if mtp_at else 0)
+
+
+# --- hybrid stacks from 0.17: '|' stage separators ------------------------------------------
+HYBRID_KINDS = {"M": "mamba", "*": "attn", "-": "mlp", "E": "moe", "G": "gdn"}
+
+
+def _kinds(segment: str) -> tuple:
+    return tuple(HYBRID_KINDS.get(c, "mamba") for c in segment if c in HYBRID_KINDS)
+
+
+@lru_cache(maxsize=512)
+def _place_hybrid_segments(segments: tuple, p: int, v: Optional[int], first, last,
+                           mtp: int) -> Placement:
+    """select_pipeline_segment's rules, in its order (:314-468 @ core_v0.17.1)."""
+    uneven = first is not None or last is not None
+    if len(segments) > 1 and uneven:
+        return Placement((), (Problem("hybrid-pipes-with-uneven-stages",
+                                      "num_layers_in_first/last_pipeline_stage with a '|' pattern"),))
+    if len(segments) == 1:
+        kinds = _kinds(segments[0])
+        n = len(kinds)
+        if p > 1 and v is not None and v > 1:
+            return Placement((), (Problem("hybrid-vpp-needs-pipes",
+                                          f"virtual_pipeline_model_parallel_size={v} without '|'"),))
+        if p <= 1:
+            stages = [n]
+        elif uneven:
+            f, last_n = first or 0, last or 0
+            middle = p - sum(1 for x in (first, last) if x is not None)
+            rest = n - f - last_n
+            if middle > 0 and rest % middle:
+                return Placement((), (Problem("hybrid-uneven-middle-not-divisible",
+                                              f"{rest} middle layers over {middle} middle stages"),))
+            per = rest // middle if middle > 0 else 0
+            stages = [per] * p
+            if first is not None:
+                stages[0] = f
+            if last is not None:
+                stages[-1] = last_n
+        else:
+            if n % p:
+                return Placement((), (Problem("hybrid-pp-does-not-divide-layers",
+                                              f"{n} layers over pipeline_model_parallel_size={p}"),))
+            stages = [n // p] * p
+        chunks, i = [], 0
+        for count in stages:
+            chunks.append((kinds[i:i + count],))
+            i += count
+        mtp_at = (p - 1, 0) if mtp else None
+        return Placement(tuple(chunks), (), mtp_at, mtp)
+    if len(segments) % p:
+        return Placement((), (Problem("hybrid-segments-not-divisible-by-pp",
+                                      f"{len(segments)} segments over pipeline_model_parallel_size={p}"),))
+    vpp = v or 1
+    if vpp * p > len(segments):
+        return Placement((), (Problem("hybrid-segment-out-of-range",
+                                      f"{len(segments)} segments for PP {p} x VPP {vpp}"),))
+    if vpp * p < len(segments):
+        return Placement((), (Problem("hybrid-segments-beyond-vpp",
+                                      f"{len(segments)} segments for PP {p} x VPP {vpp}: segments "
+                                      f"{vpp * p}..{len(segments) - 1} are never built"),))
+    chunks = [[()] * vpp for _ in range(p)]
+    for j in range(vpp):
+        for r in range(p):
+            chunks[r][j] = _kinds(segments[j * p + r])
+    mtp_at = (p - 1, vpp - 1) if mtp else None
+    return Placement(tuple(tuple(rank) for rank in chunks), (), mtp_at, mtp)

@@ -552,7 +552,8 @@ def _hybrid_layers(fields: dict, extra: dict, version: Optional[str]) -> dict:
     if unmodelled:
         raise InputError(where, f"layer symbol(s) {' '.join(unmodelled)} (DSA / MLA layers of a hybrid "
                                 "stack) are not modelled by the memory model yet")
-    out = {"hybrid_override_pattern": layers}
+    # the '|' separators stay: they are the pipeline stages from 0.17 (placement.py)
+    out = {"hybrid_override_pattern": main}
     if len(layers) > FIELDS["num_layers"].metadata["limit"]:
         raise InputError(where, f"has {len(layers)} layers; at most {FIELDS['num_layers'].metadata['limit']}")
     out["num_layers"] = len(layers)

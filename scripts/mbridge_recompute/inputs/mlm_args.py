@@ -275,6 +275,11 @@ def sections(spec: list, release: Optional[str] = None) -> dict:
     pattern = a.get("hybrid_layer_pattern") or a.get("hybrid_override_pattern")
     if pattern:
         model["hybrid_override_pattern"] = pattern
+        # validate_args derives VPP from the '|' segments (arguments.py:814-836 @ core_v0.19.2)
+        segments = pattern.split("/")[0].count("|") + 1
+        pp = model.get("pipeline_model_parallel_size") or 1
+        if not (segments == 1 and pp > 1) and segments % pp == 0:
+            model["virtual_pipeline_model_parallel_size"] = segments // pp if segments > pp else None
     # validate_args rules the memory model reads (arguments.py @ core_v0.19.0)
     if model.get("ffn_hidden_size") is None and model.get("hidden_size"):
         h = model["hidden_size"]
