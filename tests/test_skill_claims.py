@@ -411,3 +411,102 @@ def test_claim_moe_router_needs_transformer_engine_in_0_16_1(dtype):
     with pytest.raises(NameError, match="te_general_gemm"):
         moe_utils.router_gating_linear(torch.randn(4, 8, dtype=dt), torch.randn(3, 8, dtype=dt), None, dt)
     assert "`NameError: name 'te_general_gemm' is not defined`" in SKILL_TEXT
+
+
+# ---------------------------------------------------------------- releases, budget, layouts
+
+def _plan(*args: str) -> dict:
+    r = run_script("plan", *args, "--json", timeout=300)
+    assert r.returncode in (0, 1), r.stderr
+    return json.loads(r.stdout)
+
+
+def test_claim_the_tools_say_which_release_they_checked_against():
+    asked = _plan("--mcore-version", "0.18.2")
+    assert asked["release"]["key"] == "0.18" and "0.18.2" in asked["release"]["requested"]
+    default = _plan()
+    # the test venv has megatron-core 0.16.1 installed: that release, and the reason, are named
+    assert default["release"]["key"] == "0.16" and default["release"]["how"]
+
+
+def test_claim_an_h100_80gb_reports_79_11_gib_and_the_budget_keeps_a_margin():
+    d = _plan("--set", "cluster.gpu=h100-80gb", "--mcore-version", "0.19.2")
+    cap = d["workload"]["gpu_capacity_bytes"]
+    assert round(cap / 2**30, 2) == 79.11
+    assert abs(d["budget_bytes"] - (cap - max(0.05 * cap, 2e9))) < 1e3
+
+
+def test_claim_free_gb_asks_for_the_cheapest_setting_that_frees_that_much_on_the_failing_rank():
+    d = _plan("--free-gb", "3.2", "--rank", "0", "--mcore-version", "0.19.2")
+    free = d["free"]
+    assert free["pp_rank"] == 0 and free["free_bytes"] == 3.2e9 and free["freed_bytes"] >= 3.2e9
+    assert d["recommendation"]["name"] == free["answer"]
+    # cheapest: no other recompute candidate that frees as much on rank 0 costs less
+    current = d["current"]["rank_peak_bytes"][0]
+    cheaper = [c for c in d["candidates"] if c["allowed"] and c["cost_pct"] < d["recommendation"]["cost_pct"]
+               and current - c["rank_peak_bytes"][0] >= 3.2e9]
+    assert cheaper == []
+
+
+def test_claim_gdn_norm_out_exists_from_0_19_and_gdp_labels_and_mhc_only_on_main():
+    assert "gdn_norm_out" not in releases.labels_for("0.18") and "gdn_norm_out" in releases.labels_for("0.19")
+    for label in ("gdp_in_proj", "gdp_qkv", "mhc"):
+        assert label not in releases.labels_for("0.19") and label in releases.labels_for("main")
+
+
+def test_claim_moe_under_ep_overlap_is_a_no_op_on_0_16_and_rejected_from_0_17():
+    sets = ["--set", "model.recompute_modules=[moe]", "--set", "model.overlap_moe_expert_parallel_comm=true",
+            "--set", "model.moe_token_dispatcher_type=alltoall", "--validator", "builtin", "--json"]
+    old = run_script("check", str(EXAMPLES / "moonlight_16b.yaml"), "--mcore-version", "0.16.1", *sets)
+    new = run_script("check", str(EXAMPLES / "moonlight_16b.yaml"), "--mcore-version", "0.17.1", *sets)
+    assert "moe-under-ep-overlap" in ids(json.loads(old.stdout))
+    assert new.returncode == 1 and "ep-overlap-with-moe-recompute" in ids(json.loads(new.stdout), "error")
+
+
+def test_claim_hybrid_pipe_segments_need_pp_x_vpp_and_megatron_lm_derives_vpp_from_them():
+    from mbridge_recompute.inputs import mlm_args
+
+    pattern = "M*M-|M*M-|MM|**"
+    sets = ["--set", f"model.hybrid_override_pattern={pattern}", "--set", "model.num_layers=12",
+            "--set", "model.pipeline_model_parallel_size=2", "--set", "model.virtual_pipeline_model_parallel_size=null",
+            "--set", "model.num_moe_experts=null", "--mcore-version", "0.19.2", "--validator", "builtin", "--json"]
+    r = run_script("check", *sets)
+    assert r.returncode == 1 and "hybrid-segments-beyond-vpp" in ids(json.loads(r.stdout), "error")
+    spec = ["--num-layers", "12", "--hidden-size", "512", "--num-attention-heads", "8",
+            "--pipeline-model-parallel-size", "2", "--hybrid-layer-pattern", pattern]
+    assert mlm_args.sections(spec, "0.19")["model"]["virtual_pipeline_model_parallel_size"] == 2
+
+
+def _full_with_graphs(release: str, *graph: str) -> set:
+    sets = ["model.recompute_granularity=full", "model.recompute_method=uniform",
+            "model.recompute_num_layers=1", "model.recompute_modules=null", *graph]
+    args = [a for s in sets for a in ("--set", s)]
+    r = run_script("check", *args, "--mcore-version", release, "--validator", "builtin", "--json")
+    return ids(json.loads(r.stdout), "error")
+
+
+def test_claim_full_recompute_with_graphs_needs_impl_full_iteration_from_0_18():
+    rule = "full-recompute-needs-full-iteration-graph"
+    assert rule not in _full_with_graphs("0.16.1", "model.cuda_graph_impl=local",
+                                         "model.cuda_graph_scope=[full_iteration]")
+    assert rule in _full_with_graphs("0.16.1", "model.cuda_graph_impl=local", "model.cuda_graph_scope=[attn]")
+    assert rule not in _full_with_graphs("0.18.2", "model.cuda_graph_impl=full_iteration")
+    assert rule in _full_with_graphs("0.18.2", "model.cuda_graph_impl=local", "model.cuda_graph_scope=[attn]")
+
+
+def test_claim_vpp_10_frees_memory_on_rank_0_and_halves_the_bubble_of_the_embedded_workload():
+    d = _plan("--alternatives", "--mcore-version", "0.19.2")
+    row = next(a for a in d["alternatives"] if a["name"] == "core_attn@virtual_pipeline_model_parallel_size=10")
+    assert 1.0e9 < row["frees_bytes"] < 1.4e9 and "3.75 % -> 1.88 %" in row["detail"]
+    mlp = next(label for label in d["labels"] if label["label"] == "mlp")
+    assert 25 < mlp["cost_pct"] < 35
+    assert "1.19 GB on rank 0" in SKILL_TEXT and "3.75% → 1.88%" in SKILL_TEXT
+
+
+def test_claim_missing_fields_take_megatron_core_or_bridge_defaults_and_the_first_line_says_whose():
+    ours = run_script("plan", "--mcore-version", "0.19.2")
+    dump = run_script("plan", str(EXAMPLES / "bridge_dump_llama3_8b.yaml"), "--mcore-version", "0.19.2")
+    assert "defaults: megatron-core TransformerConfig's" in ours.stdout.splitlines()[0]
+    assert "defaults: Megatron Bridge providers'" in dump.stdout.splitlines()[0]
+    assert _plan(str(EXAMPLES / "bridge_dump_llama3_8b.yaml"), "--mcore-version", "0.19.2")[
+        "workload"]["defaults_source"] == "bridge"

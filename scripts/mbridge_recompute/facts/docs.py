@@ -17,7 +17,7 @@ from mbridge_recompute.facts import card, releases
 ROOT = Path(__file__).resolve().parents[3]
 BLOCKS = {                       # block name -> the files that carry it
     "labels": ("SKILL.md", "references/labels.md"),
-    "release-differences": ("SKILL.md", "references/constraints.md"),
+    "release-differences": ("references/constraints.md",),
     "constraints": ("references/constraints.md",),
 }
 KIND_TITLES = {
