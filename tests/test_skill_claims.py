@@ -467,9 +467,11 @@ def test_claim_hybrid_pipe_segments_need_pp_x_vpp_and_megatron_lm_derives_vpp_fr
     from mbridge_recompute.inputs import mlm_args
 
     pattern = "M*M-|M*M-|MM|**"
-    sets = ["--set", f"model.hybrid_override_pattern={pattern}", "--set", "model.num_layers=12",
-            "--set", "model.pipeline_model_parallel_size=2", "--set", "model.virtual_pipeline_model_parallel_size=null",
-            "--set", "model.num_moe_experts=null", "--mcore-version", "0.19.2", "--validator", "builtin", "--json"]
+    fields = [f"model.hybrid_override_pattern={pattern}", "model.num_layers=12",
+              "model.pipeline_model_parallel_size=2", "model.virtual_pipeline_model_parallel_size=null",
+              "model.num_moe_experts=null"]
+    sets = [a for f in fields for a in ("--set", f)]
+    sets += ["--mcore-version", "0.19.2", "--validator", "builtin", "--json"]
     r = run_script("check", *sets)
     assert r.returncode == 1 and "hybrid-segments-beyond-vpp" in ids(json.loads(r.stdout), "error")
     spec = ["--num-layers", "12", "--hidden-size", "512", "--num-attention-heads", "8",
@@ -496,7 +498,8 @@ def test_claim_full_recompute_with_graphs_needs_impl_full_iteration_from_0_18():
 
 def test_claim_vpp_10_frees_memory_on_rank_0_and_halves_the_bubble_of_the_embedded_workload():
     d = _plan("--alternatives", "--mcore-version", "0.19.2")
-    row = next(a for a in d["alternatives"] if a["name"] == "core_attn@virtual_pipeline_model_parallel_size=10")
+    vpp10 = "core_attn@virtual_pipeline_model_parallel_size=10"
+    row = next(a for a in d["alternatives"] if a["name"] == vpp10)
     assert 1.0e9 < row["frees_bytes"] < 1.4e9 and "3.75 % -> 1.88 %" in row["detail"]
     mlp = next(label for label in d["labels"] if label["label"] == "mlp")
     assert 25 < mlp["cost_pct"] < 35
