@@ -32,7 +32,7 @@ from functools import reduce
 from typing import Optional
 
 from mbridge_recompute.errors import InputError, Rejected
-from mbridge_recompute.logs.runlog import RunLog
+from mbridge_recompute.logs.runlog import RunLog, is_option
 
 STATUSES = ("pass", "oom", "nan", "incomplete")
 CONTROL_NAMES = ("empty", "[]", "control")
@@ -205,11 +205,11 @@ def _argv_items(argv: list) -> dict:
     i, pos = 0, 0
     while i < len(argv):
         tok = argv[i]
-        if tok.startswith("-") and not _is_number(tok):
+        if is_option(tok):
             flag, eq, val = tok.partition("=")
             if eq:
                 items.setdefault(flag, []).append(val)
-            elif i + 1 < len(argv) and (not argv[i + 1].startswith("-") or _is_number(argv[i + 1])):
+            elif i + 1 < len(argv) and not is_option(argv[i + 1]):
                 items.setdefault(flag, []).append(argv[i + 1])
                 i += 1
             else:
@@ -223,13 +223,6 @@ def _argv_items(argv: list) -> dict:
         i += 1
     return items
 
-
-def _is_number(tok: str) -> bool:
-    try:
-        float(tok)
-        return True
-    except ValueError:
-        return False
 
 
 def match(run: RunLog, control: RunLog) -> list:

@@ -34,10 +34,23 @@ from mbridge_recompute.errors import InputError
 from mbridge_recompute.logs.oom import Frame, OOMEvent, finite_or_none, oom_stage, parse_oom  # noqa: F401 (OOMEvent, parse_oom re-exported)
 from mbridge_recompute.units import GB, MIB
 
+
 # --- line prefixes added by launchers (torchrun --tee, PyTorch, srun --label, mpirun)
 # (PyTorch's `[rankN]: ` carries one space of its own; torchrun's `[defaultN]:` none)
 # (every number a regex hands to int() is bounded, so a 5000-digit "rank" is text, not a
 # ValueError past Python's integer-conversion limit)
+def is_option(tok: str) -> bool:
+    """Whether a token of a run's command line is an option (`-x`, `--flag`, `--k=v`) rather
+    than a value: a lone `-` and negative numbers (`-1`, `-1e-5`) are values."""
+    if not tok.startswith("-") or len(tok) == 1:
+        return False
+    try:
+        float(tok)
+        return False
+    except ValueError:
+        return True
+
+
 _PREFIX = re.compile(r"^(?:\s*(?:\[default\d{1,6}\]:|\[rank\d{1,6}\]: ?"
                      r"|\[1,\d{1,6}\]<std(?:out|err)>:|\d{1,5}: ))+")
 _PREFIX_RANK = re.compile(r"\[(?:default|rank)(\d{1,6})\]|\[1,(\d{1,6})\]|^\s*(\d{1,5}): ")

@@ -36,6 +36,8 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Optional
 
+from mbridge_recompute.logs.runlog import is_option
+
 PERF = "scripts/performance"
 BOOTSTRAP = f"{PERF}/bootstrap.py"
 RUN_SCRIPT = f"{PERF}/run_script.py"
@@ -98,6 +100,22 @@ class Release:
     suites: dict = field(default_factory=dict)
 
 
+def _bootstrap_release(key: str, read_at: str, tag: str, suites: dict) -> "Release":
+    """A release whose harness starts through bootstrap.py (0.6 on), its facts read at `tag`."""
+    return Release(
+        key=key, read_at=read_at,
+        local_entry=BOOTSTRAP, local_entry_recipes=BOOTSTRAP,
+        entry_why=("bootstrap.py installs the recipe's environment and execs run_script.py or "
+                   f"run_recipe.py (bootstrap.py:29-69 @ {tag})"),
+        seq_length_sets_model=True,
+        seq_length_why=f"-sl sets model.seq_length (overrides.py:514-515 @ {tag})",
+        dryrun_validates=True,
+        dryrun_why=("-d runs runtime_config_update before writing the config "
+                    f"(run_script.py:153-164 @ {tag})"),
+        precedence=f"run_script.py:76-79 @ {tag}", rl_line=f"overrides.py:174-177 @ {tag}",
+        task_choices=("pretrain", "sft", "peft"), local_env_note="", suites=suites)
+
+
 RELEASES = {
     "0.5": Release(
         key="0.5", read_at="v0.5.0, v0.5.1 (harness files byte-identical)",
@@ -124,39 +142,14 @@ RELEASES = {
             "the comm-overlap recompute test was added after 0.5 (890cee39b) and "
             "test_r050_perf_recipe_ports.py / the Qwen3.5-VL test do not exist at 0.5"),
     ),
-    "0.6": Release(
-        key="0.6", read_at="v0.6.0 (and the 0.6.2 wheel's library; its harness is v0.6.0's)",
-        local_entry=BOOTSTRAP, local_entry_recipes=BOOTSTRAP,
-        entry_why=("bootstrap.py installs the recipe's environment and execs run_script.py or "
-                   "run_recipe.py (bootstrap.py:29-69 @ v0.6.0)"),
-        seq_length_sets_model=True,
-        seq_length_why="-sl sets model.seq_length (overrides.py:514-515 @ v0.6.0)",
-        dryrun_validates=True,
-        dryrun_why=("-d runs runtime_config_update before writing the config "
-                    "(run_script.py:153-164 @ v0.6.0)"),
-        precedence="run_script.py:76-79 @ v0.6.0", rl_line="overrides.py:174-177 @ v0.6.0",
-        task_choices=("pretrain", "sft", "peft"), local_env_note="",
-        suites=_bridge_suites(
-            (_COMM, _THEORY, _PEFT, _R050),
-            "the Qwen3.5-VL workload test exists at v0.6.0 but asserts nothing about recompute "
-            "(its recompute assertions came later, a7f4ad56b)"),
-    ),
-    "main": Release(
-        key="main", read_at="067f987",
-        local_entry=BOOTSTRAP, local_entry_recipes=BOOTSTRAP,
-        entry_why=("bootstrap.py installs the recipe's environment and execs run_script.py or "
-                   "run_recipe.py (bootstrap.py:29-69 @ 067f987)"),
-        seq_length_sets_model=True,
-        seq_length_why="-sl sets model.seq_length (overrides.py:514-515 @ 067f987)",
-        dryrun_validates=True,
-        dryrun_why=("-d runs runtime_config_update before writing the config "
-                    "(run_script.py:153-164 @ 067f987)"),
-        precedence="run_script.py:76-79 @ 067f987", rl_line="overrides.py:174-177 @ 067f987",
-        task_choices=("pretrain", "sft", "peft"), local_env_note="",
-        suites=_bridge_suites(
-            (_COMM, _THEORY, _PEFT, _R050, _QWEN),
-            "every recompute test of the release"),
-    ),
+    "0.6": _bootstrap_release(
+        "0.6", "v0.6.0 (and the 0.6.2 wheel's library; its harness is v0.6.0's)", "v0.6.0",
+        _bridge_suites((_COMM, _THEORY, _PEFT, _R050),
+                       "the Qwen3.5-VL workload test exists at v0.6.0 but asserts nothing about "
+                       "recompute (its recompute assertions came later, a7f4ad56b)")),
+    "main": _bootstrap_release(
+        "main", "067f987", "067f987",
+        _bridge_suites((_COMM, _THEORY, _PEFT, _R050, _QWEN), "every recompute test of the release")),
 }
 
 
@@ -309,13 +302,6 @@ def resolve(token: str, key: str):
     return None, "not a flag of this release's harness"
 
 
-def _is_number(tok: str) -> bool:
-    try:
-        float(tok)
-        return True
-    except ValueError:
-        return False
-
 
 _HYDRA = re.compile(r"^(\+\+|\+|~)?[A-Za-z_][\w.\[\]'\"-]*(=|$)")
 
@@ -333,7 +319,7 @@ def check_passthrough(tokens: list, key: str) -> list:
     i = 0
     while i < len(tokens):
         tok = tokens[i]
-        if tok.startswith("-") and len(tok) > 1 and not _is_number(tok):
+        if is_option(tok):
             entry, how = resolve(tok, key)
             if entry is None:
                 problems.append(f"{tok!r}: {how} at Bridge {key}"
