@@ -142,14 +142,14 @@ def test_te_version_must_stay_text():
 def test_coercion_follows_the_declared_type_whatever_its_spelling():
     """`Optional[int]` and `int | None` read the same: null is allowed, text is not (the loader
     dispatches on the type, not on its annotation's text)."""
-    from mbridge_recompute.inputs import loading
+    from mbridge_recompute.inputs import values
 
     for hint in (typing.Optional[int], int | None):
-        optional, base = loading._optional(hint)
+        optional, base = values._optional(hint)
         assert optional and base is int
-        assert loading._coerce_type(base, 8, "model.num_query_groups", {"bound": "positive"}) == 8
+        assert values._coerce_type(base, 8, "model.num_query_groups", {"bound": "positive"}) == 8
         with pytest.raises(InputError, match="must be an integer"):
-            loading._coerce_type(base, "abc", "model.num_query_groups", {})
+            values._coerce_type(base, "abc", "model.num_query_groups", {})
     w = load_workload(sets=["model.num_query_groups=null"])
     assert w.num_query_groups is None
     with pytest.raises(InputError, match="must be an integer"):

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from mbridge_recompute.errors import InputError
+from mbridge_recompute.inputs.values import short
 
 # HF key -> MCore field, copied as-is when present.
 DIRECT = {
@@ -74,7 +75,7 @@ GATED_GELU_MODEL_TYPES = {"gemma", "gemma2", "gemma3", "gemma3_text"}
 
 def _read(path: Path) -> dict:
     where = "--hf-config"
-    from mbridge_recompute.inputs.loading import read_json
+    from mbridge_recompute.inputs.yamlio import read_json
 
     data = read_json(path, where)
     if not isinstance(data, dict):
@@ -101,17 +102,12 @@ def _int(data: dict, key: str, path: Path, positive: bool = False) -> Any:
     if value is None:
         return None
     if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-        raise _bad(path, key, f"must be a non-negative integer, got {_short(value)}")
+        raise _bad(path, key, f"must be a non-negative integer, got {short(value)}")
     if positive and value == 0:
         raise _bad(path, key, "must be positive, got 0")
     if value > MAX_INT:
-        raise _bad(path, key, f"must be at most {MAX_INT}, got {_short(value)}")
+        raise _bad(path, key, f"must be at most {MAX_INT}, got {short(value)}")
     return value
-
-
-def _short(value: Any) -> str:
-    text = repr(value)
-    return text if len(text) <= 60 else text[:57] + "..."
 
 
 # config.json keys of a non-integer type, checked before they are used
@@ -122,26 +118,26 @@ _BOOL_KEYS = ("tie_word_embeddings", "attention_bias", "mlp_bias", "qk_norm", "u
 def _check_types(data: dict, path: Path) -> None:
     for key in _STRING_KEYS:
         if data.get(key) is not None and not isinstance(data[key], str):
-            raise _bad(path, key, f"must be a string, got {_short(data[key])}")
+            raise _bad(path, key, f"must be a string, got {short(data[key])}")
     for key in _BOOL_KEYS:
         if data.get(key) is not None and not isinstance(data[key], bool):
-            raise _bad(path, key, f"must be true or false, got {_short(data[key])}")
+            raise _bad(path, key, f"must be true or false, got {short(data[key])}")
     dense = data.get("mlp_only_layers")
     if dense is not None and (not isinstance(dense, list) or not all(
             isinstance(i, int) and not isinstance(i, bool) and i >= 0 for i in dense)):
-        raise _bad(path, "mlp_only_layers", f"must be a list of layer indices, got {_short(dense)}")
+        raise _bad(path, "mlp_only_layers", f"must be a list of layer indices, got {short(dense)}")
     dropout = data.get("attention_dropout")
     if dropout is not None and (isinstance(dropout, bool) or not isinstance(dropout, (int, float))
                                 or not 0 <= dropout < 1):
-        raise _bad(path, "attention_dropout", f"must be a number in [0, 1), got {_short(dropout)}")
+        raise _bad(path, "attention_dropout", f"must be a number in [0, 1), got {short(dropout)}")
     layers = data.get("num_hidden_layers")
     if isinstance(layers, int) and not isinstance(layers, bool) and layers > MAX_LAYERS:
-        raise _bad(path, "num_hidden_layers", f"must be at most {MAX_LAYERS}, got {_short(layers)}")
+        raise _bad(path, "num_hidden_layers", f"must be at most {MAX_LAYERS}, got {short(layers)}")
     pattern = data.get("hybrid_override_pattern")
     if isinstance(pattern, str):
         if len(pattern) > MAX_LAYERS:
             raise _bad(path, "hybrid_override_pattern", f"has {len(pattern)} layers; at most {MAX_LAYERS}")
-        from mbridge_recompute.inputs.loading import HYBRID_SYMBOLS
+        from mbridge_recompute.inputs.values import HYBRID_SYMBOLS
 
         symbols = set("".join(HYBRID_SYMBOLS.values()))
         bad = sorted(set(pattern) - symbols)
@@ -159,7 +155,7 @@ def convert(data: dict, path: Path = Path("config.json")) -> tuple[dict, list[st
     _check_types(data, path)
     out: dict[str, Any] = {}
     notes: list[str] = []
-    from mbridge_recompute.inputs.loading import coerce, coerce_extra
+    from mbridge_recompute.inputs.values import coerce, coerce_extra
     from mbridge_recompute.workload import FIELD_NAMES
 
     for hf_key, field in DIRECT.items():

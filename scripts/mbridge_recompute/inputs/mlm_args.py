@@ -79,7 +79,7 @@ def _tokens(spec: list) -> list:
 
 def _from_file(path: Path) -> list:
     from mbridge_recompute.inputs import yamlio
-    from mbridge_recompute.inputs.loading import read_text
+    from mbridge_recompute.inputs.yamlio import read_text
 
     where = f"{WHERE} {path}"
     text = read_text(path, where)

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import json
 import re
+from pathlib import Path
 from typing import Any
 
 from mbridge_recompute.errors import InputError
@@ -249,3 +250,24 @@ def load_json_text(text: str, where: str, path: str = "") -> Any:
         raise InputError(where, f"{named}is not valid JSON (line {exc.lineno}): {msg}") from None
     except RecursionError:
         raise InputError(where, f"{named}is nested too deeply to read") from None
+
+
+def read_text(path, where: str) -> str:
+    """A user's input file as text (at most MAX_BYTES), or InputError naming `where`."""
+    p = Path(path)
+    try:
+        size = p.stat().st_size
+        if p.is_dir():
+            raise InputError(where, f"{path} is a directory, not a file")
+        if size > MAX_BYTES:
+            raise InputError(where, f"{path} is {size} bytes; at most {MAX_BYTES} are read "
+                                    "(a ConfigContainer dump is about 30 KB)")
+        return p.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise InputError(where, f"no such file: {path}") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise InputError(where, f"cannot read {path}: {exc.__class__.__name__}") from None
+
+
+def read_json(path: str, where: str) -> Any:
+    return load_json_text(read_text(path, where), where, str(path))

@@ -133,7 +133,7 @@ def requests_of(argv: list) -> tuple[list, bool]:
 
 def _dump(path: Path) -> Optional[dict]:
     from mbridge_recompute.inputs import yamlio
-    from mbridge_recompute.inputs.loading import read_text
+    from mbridge_recompute.inputs.yamlio import read_text
 
     data = yamlio.load_text(read_text(path, str(path)), str(path))
     return data if isinstance(data, dict) else None

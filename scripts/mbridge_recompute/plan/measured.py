@@ -49,7 +49,7 @@ def from_peak_gb(value: float, iteration: Optional[int], source: str) -> Measure
 
 def read(path: str, w) -> Measured:
     """A `compare --json` or `diagnose --json` report as a Measured."""
-    from mbridge_recompute.inputs.loading import read_json
+    from mbridge_recompute.inputs.yamlio import read_json
 
     data = read_json(path, "--measured")
     if isinstance(data, dict) and isinstance(data.get("runs"), list):
