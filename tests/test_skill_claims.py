@@ -513,3 +513,19 @@ def test_claim_missing_fields_take_megatron_core_or_bridge_defaults_and_the_firs
     assert "defaults: Megatron Bridge providers'" in dump.stdout.splitlines()[0]
     assert _plan(str(EXAMPLES / "bridge_dump_llama3_8b.yaml"), "--mcore-version", "0.19.2")[
         "workload"]["defaults_source"] == "bridge"
+
+
+@pytest.mark.parametrize("tool", ["plan.py", "check_config.py", "diagnose.py"])
+def test_claim_a_tool_that_lacks_a_package_names_it_in_one_line(tool):
+    """`python -S` stands in for an agent's interpreter without site-packages (pyyaml, jinja2,
+    packaging absent): one line naming what to install, exit 2, no traceback; with --json the
+    same as one error object."""
+    assert "python3 -m pip install pyyaml jinja2 packaging" in SKILL_TEXT
+    text = subprocess.run([sys.executable, "-S", str(ROOT / "scripts" / tool)], capture_output=True,
+                          text=True, cwd=ROOT, stdin=subprocess.DEVNULL, timeout=60)
+    assert text.returncode == 2 and "Traceback" not in text.stderr
+    assert text.stderr.count("\n") == 1 and "pip install pyyaml jinja2 packaging" in text.stderr
+    as_json = subprocess.run([sys.executable, "-S", str(ROOT / "scripts" / tool), "--json"],
+                             capture_output=True, text=True, cwd=ROOT, stdin=subprocess.DEVNULL, timeout=60)
+    err = json.loads(as_json.stdout)["error"]
+    assert as_json.returncode == 2 and err["field"] == "python" and err["exit"] == 2

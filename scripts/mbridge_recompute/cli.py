@@ -187,6 +187,21 @@ def _fail(exc: InputError, as_json: bool) -> int:
     return exc.exit_code
 
 
+# The packages every tool imports (pyproject's dependencies). An agent's interpreter after
+# `npx skills add` may hold none of them, and a traceback deep in the card loader is no way to
+# say so: the tool names them in one line instead (exit 2).
+REQUIRED_PACKAGES = (("yaml", "pyyaml"), ("jinja2", "jinja2"), ("packaging", "packaging"))
+
+
+def _require_packages() -> None:
+    import importlib.util
+
+    missing = [pip for module, pip in REQUIRED_PACKAGES if importlib.util.find_spec(module) is None]
+    if missing:
+        raise InputError("python", f"{sys.executable} lacks {', '.join(missing)}: install with "
+                                   f"`{Path(sys.executable).name} -m pip install {' '.join(missing)}`")
+
+
 def main(argv: list[str] | None = None) -> None:
     argv = list(sys.argv[1:] if argv is None else argv)
     as_json = wants_json(argv[1:])
@@ -195,6 +210,7 @@ def main(argv: list[str] | None = None) -> None:
     failed = False
     try:
         try:
+            _require_packages()
             code = _run(argv)
         except (RecursionError, MemoryError, ValueError) as exc:
             limit = _limit_error(exc)
