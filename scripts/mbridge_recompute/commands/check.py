@@ -25,9 +25,9 @@ EPILOG = """examples:
   check_config.py                                   # the embedded default workload
   check_config.py examples/llama3_70b_fp8.yaml --json
   check_config.py ConfigContainer.yaml              # a Bridge dump (logger.save_config_filepath)
-  check_config.py --recipe llama3_8b_pretrain_2gpu_h100_bf16_config --set model.recompute_modules=[mlp]
+  check_config.py --recipe llama3_8b_pretrain_2gpu_h100_bf16_config --set 'model.recompute_modules=[mlp]'
   check_config.py --mlm-args model_config.yaml      # a Megatron-LM argument list
-  check_config.py w.yaml --set model.recompute_modules=[moe_act] --validator builtin
+  check_config.py w.yaml --set 'model.recompute_modules=[moe_act]' --validator builtin
   check_config.py w.yaml --set cluster.te_version=2.8.0 # decide Transformer Engine gated rules
   check_config.py --run runs/moe_act                # what a harness run really had
 

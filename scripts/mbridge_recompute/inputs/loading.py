@@ -458,7 +458,8 @@ def add_workload_arguments(parser) -> None:
                              "or module:function), built by Bridge where it imports; --set overrides "
                              "then go through Bridge's own override code")
     parser.add_argument("--set", dest="sets", action="append", default=[], metavar="KEY=VALUE",
-                        help="override, Hydra syntax: model.recompute_modules=[moe_act] (repeatable)")
+                        help="override, Hydra syntax: 'model.recompute_modules=[moe_act]' "
+                             "(repeatable; quoted, or the shell may glob the brackets)")
     parser.add_argument("--mcore-version", metavar="VER",
                         help="megatron-core version to check labels against "
                              "(default: the installed one, else the newest the card covers)")
