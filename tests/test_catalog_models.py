@@ -102,3 +102,13 @@ def test_every_catalog_model_passes_the_installed_transformer_config():
         assert report["validator"] == "live"
         errors = [f for f in report["findings"] if f["severity"] == "error"]
         assert not errors, (name, errors)
+
+
+def test_the_cli_reference_lists_every_catalog_model():
+    from mbridge_recompute.inputs import catalog
+
+    from conftest import ROOT
+
+    row = next(line for line in (ROOT / "references" / "cli-reference.md").read_text().splitlines()
+               if line.startswith("| `--model NAME`"))
+    assert [n.strip("` |") for n in row.split(":", 1)[1].split(",")] == list(catalog.names())
