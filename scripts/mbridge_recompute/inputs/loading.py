@@ -319,9 +319,9 @@ def _hybrid_layers(fields: dict, extra: dict, version: Optional[str]) -> dict:
             raise InputError(where, f"{ch!r} is not a layer symbol of any megatron-core release "
                                     f"(valid: {' '.join(sorted(anywhere))})")
         if ch not in allowed:
+            raised_at = values.HYBRID_SYMBOL_RAISE.get(key, values.HYBRID_SYMBOL_RAISE["0.19"])
             raise InputError(where, f"{ch!r} is not a layer symbol of megatron-core {key} (valid there: "
-                                    f"{' '.join(sorted(allowed))}; it raises ValueError, "
-                                    "hybrid_layer_allocation.py:288-294 @ core_v0.19.0)")
+                                    f"{' '.join(sorted(allowed))}; it raises ValueError, {raised_at})")
     main, _, mtp = pattern.partition("/")
     layers = main.replace("|", "")
     unmodelled = sorted(set(layers) - set(values.MODELLED_SYMBOLS))

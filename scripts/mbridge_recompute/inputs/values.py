@@ -52,6 +52,11 @@ DTYPE_FIELDS = tuple(n for n, f in FIELDS.items() if f.metadata.get("kind") == "
 # (:14-24 @ core_v0.17.1); 0.18 adds D (DSA attention); 0.19 and main add + (MLA)
 # (models/hybrid/hybrid_layer_allocation.py:14-26 @ core_v0.19.0). Each release raises
 # ValueError on any other character (:288-294 @ core_v0.19.0; :83 @ core_v0.16.1).
+# Where each release raises it, for the error line.
+HYBRID_SYMBOL_RAISE = {"0.16": "ssm/mamba_hybrid_layer_allocation.py:83 @ core_v0.16.1",
+                       "0.17": "ssm/mamba_hybrid_layer_allocation.py:283 @ core_v0.17.1",
+                       "0.18": "models/hybrid/hybrid_layer_allocation.py:290 @ core_v0.18.2",
+                       "0.19": "models/hybrid/hybrid_layer_allocation.py:291 @ core_v0.19.2"}
 HYBRID_SYMBOLS = {"0.16": "M*-E", "0.17": "MG*-E|/", "0.18": "MG*D-E|/", "0.19": "MG*D+-E|/",
                   "main": "MG*D+-E|/"}
 # Symbols the memory model lays out (workload.py layer_kinds); D and + are not modelled yet.
