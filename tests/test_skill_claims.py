@@ -529,3 +529,12 @@ def test_claim_a_tool_that_lacks_a_package_names_it_in_one_line(tool):
                              capture_output=True, text=True, cwd=ROOT, stdin=subprocess.DEVNULL, timeout=60)
     err = json.loads(as_json.stdout)["error"]
     assert as_json.returncode == 2 and err["field"] == "python" and err["exit"] == 2
+
+
+def test_claim_alternative_kinds_are_the_ones_the_frontier_marks():
+    """The kinds SKILL.md tells the reader to look for are the ones the planner writes."""
+    from mbridge_recompute.setting import CHANGE_KINDS
+
+    named = re.search(r"any kind \(([^)]*)\)", SKILL_TEXT).group(1)
+    kinds = set(re.findall(r"`(\w+)`", named))
+    assert kinds == set(CHANGE_KINDS.values())
