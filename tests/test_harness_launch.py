@@ -157,20 +157,26 @@ def test_child_that_ignores_sigterm_is_killed_after_the_grace_period(standin, tm
     assert m["timed_out"] is True and m["ended_by"] == "SIGKILL"
 
 
-def test_interrupt_ends_the_child_group_records_it_and_stops_the_sweep(standin, tmp_path):
-    repo, env, _ = standin
-    out = tmp_path / "runs"
-    pidfile = tmp_path / "pids"
-    full_env = {**os.environ, **env, "STANDIN_SLEEP": "60", "STANDIN_PIDFILE": str(pidfile)}
+def _start_tool(repo, env, out, pidfile, *candidates, extra_env=None):
+    full_env = {**os.environ, **env, "STANDIN_SLEEP": "60", "STANDIN_PIDFILE": str(pidfile),
+                **(extra_env or {})}
     full_env.pop("PYTHONPATH", None)
     tool = subprocess.Popen([sys.executable, str(SCRIPTS / "run_harness.py"), "--repo", str(repo), "--launch",
-                             "--json", "--out", str(out), "--grace", "2", "--candidates", "[]", "core_attn",
+                             "--json", "--out", str(out), "--grace", "2", "--candidates", *candidates,
                              "--", *PINNED], env=full_env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             text=True)
     deadline = time.monotonic() + 30
     while not pidfile.exists() or not pidfile.read_text().strip():
         assert time.monotonic() < deadline, "the stand-in rank never started"
         time.sleep(0.1)
+    return tool
+
+
+def test_interrupt_ends_the_child_group_records_it_and_stops_the_sweep(standin, tmp_path):
+    repo, env, _ = standin
+    out = tmp_path / "runs"
+    pidfile = tmp_path / "pids"
+    tool = _start_tool(repo, env, out, pidfile, "[]", "core_attn")
     tool.send_signal(signal.SIGINT)
     stdout, stderr = tool.communicate(timeout=30)
     assert tool.returncode == 1, stderr
@@ -215,21 +221,6 @@ def test_revisions_read_each_repository_itself_never_the_parents_head(tmp_path):
                                      text=True).stdout.strip()
     assert revisions(str(repo)) == {"megatron_bridge": heads[repo], "megatron_lm": heads[sub]}
     assert revisions(str(tmp_path / "not-a-repo")) == {"megatron_bridge": "unknown", "megatron_lm": "unknown"}
-
-
-def _start_tool(repo, env, out, pidfile, *candidates, extra_env=None):
-    full_env = {**os.environ, **env, "STANDIN_SLEEP": "60", "STANDIN_PIDFILE": str(pidfile),
-                **(extra_env or {})}
-    full_env.pop("PYTHONPATH", None)
-    tool = subprocess.Popen([sys.executable, str(SCRIPTS / "run_harness.py"), "--repo", str(repo), "--launch",
-                             "--json", "--out", str(out), "--grace", "2", "--candidates", *candidates,
-                             "--", *PINNED], env=full_env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True)
-    deadline = time.monotonic() + 30
-    while not pidfile.exists() or not pidfile.read_text().strip():
-        assert time.monotonic() < deadline, "the stand-in rank never started"
-        time.sleep(0.1)
-    return tool
 
 
 @pytest.mark.parametrize("sig", [signal.SIGHUP, signal.SIGTERM])

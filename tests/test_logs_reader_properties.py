@@ -93,15 +93,21 @@ def test_compare_and_diagnose_read_arbitrary_log_bytes(data):
         judged(*invoke(["diagnose", str(log)]), as_json=False)
 
 
+def _passing_run_with(tmp: Path, name: str, text: str) -> Path:
+    """A run directory with a passing log and `name` holding `text`."""
+    run = tmp / "moe_act"
+    run.mkdir()
+    (run / "log.txt").write_bytes(PASS_LOG)
+    (run / name).write_text(text, encoding="utf-8", errors="surrogateescape")
+    return run
+
+
 @FAST
 @given(st.one_of(keyed_trees.map(_json_text), trees.map(_json_text), st.binary(max_size=200).map(
     lambda b: b.decode("latin-1"))))
 def test_compare_reads_arbitrary_manifests(text):
     with tempfile.TemporaryDirectory() as tmp:
-        run = Path(tmp) / "moe_act"
-        run.mkdir()
-        (run / "log.txt").write_bytes(PASS_LOG)
-        (run / "manifest.json").write_text(text, encoding="utf-8", errors="surrogateescape")
+        run = _passing_run_with(Path(tmp), "manifest.json", text)
         judged(*invoke(["compare", str(run), "--json"]))
         judged(*invoke(["diagnose", str(run), "--json"]))
 
@@ -129,10 +135,7 @@ yaml_docs = st.one_of(
 @given(yaml_docs)
 def test_compare_reads_arbitrary_config_dumps(text):
     with tempfile.TemporaryDirectory() as tmp:
-        run = Path(tmp) / "moe_act"
-        run.mkdir()
-        (run / "log.txt").write_bytes(PASS_LOG)
-        (run / "ConfigContainer.yaml").write_text(text, encoding="utf-8", errors="surrogateescape")
+        run = _passing_run_with(Path(tmp), "ConfigContainer.yaml", text)
         judged(*invoke(["compare", str(run), "--json"]))
 
 
