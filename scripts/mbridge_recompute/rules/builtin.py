@@ -915,7 +915,8 @@ def _moe_tp_sp(s: State):
 def _label_needs_te(s: State):
     if s.assume_te_absent or not s.te_absent:
         return None   # only when the user states TE is absent on the training nodes
-    hit = s.selective(*s.params("label-needs-te")["labels"])
+    # the labels whose checkpoint is CheckpointWithoutOutput: the label table's needs_te
+    hit = s.selective(*(label for label in releases.labels_for(s.version) if card.label(label)["needs_te"]))
     if hit:
         return Hit(f"{_fmt(hit)} needs Transformer Engine at runtime (CheckpointWithoutOutput calls "
                    "FP8GlobalStateManager even in bf16); te_version says it is absent")
