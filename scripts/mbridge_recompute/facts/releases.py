@@ -86,13 +86,12 @@ def resolve_version(text: Optional[str], field: str = "--mcore-version") -> str:
     text = str(text).strip()
     if text in keys():
         return text
-    for pin in card.load().get("bridge_pins") or []:
+    # a commit names its facts from 7 hex digits on: Bridge's pinned Megatron-LM commits, and main's
+    pins = [*(card.load().get("bridge_pins") or []), {"commit": meta("main")["commit"], "facts": "main"}]
+    for pin in pins:
         commit = pin.get("commit")
         if commit and len(text) >= 7 and commit.startswith(text.lower()):
             return pin["facts"]
-    for k in keys():
-        if k == "main" and (text == meta(k)["commit"] or meta(k)["commit"].startswith(text.lower())):
-            return k
     from packaging.version import InvalidVersion, Version
 
     try:
@@ -162,7 +161,6 @@ def require_known(mods, version: str, field: str) -> None:
     if unknown:
         from mbridge_recompute.errors import InputError
 
-        key = resolve_version(version)
-        named = key if str(version) == key else f"{version} (the {key} facts)"
+        named = Release(resolve_version(version), str(version), "").name
         raise InputError(field, f"unknown label {unknown[0]!r} for megatron-core "
                                 f"{named}; valid: {', '.join(allowed)}")
