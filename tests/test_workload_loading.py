@@ -259,3 +259,14 @@ def test_a_non_decoder_provider_is_refused_by_name(tmp_path):
         load_workload(_dump(tmp_path, "model:\n  _target_: megatron.bridge.diffusion.models.wan.wan_provider."
                                       "WanModelProvider\n  crossattn_emb_size: 4096\n"))
     assert exc.value.field == "model._target_" and "not a decoder language model" in exc.value.reason
+
+
+def test_a_pipe_or_device_as_the_workload_is_refused_without_reading_it(tmp_path, run_tool):
+    """A FIFO would block the reader forever and /dev/zero reports size 0: neither is read."""
+    import os
+
+    fifo = tmp_path / "w.yaml"
+    os.mkfifo(fifo)
+    for path in (fifo, "/dev/zero"):
+        p = run_tool("plan", str(path), timeout=30)
+        assert p.returncode == 2 and "not a regular file" in p.stderr, p.stderr

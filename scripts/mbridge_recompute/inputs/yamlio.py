@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import json
 import re
+import stat
 from pathlib import Path
 from typing import Any
 
@@ -256,9 +257,12 @@ def read_text(path, where: str) -> str:
     """A user's input file as text (at most MAX_BYTES), or InputError naming `where`."""
     p = Path(path)
     try:
-        size = p.stat().st_size
-        if p.is_dir():
+        st = p.stat()
+        size = st.st_size
+        if stat.S_ISDIR(st.st_mode):
             raise InputError(where, f"{path} is a directory, not a file")
+        if not stat.S_ISREG(st.st_mode):      # a pipe would block, a device reports size 0
+            raise InputError(where, f"{path} is not a regular file (a device, pipe or socket is not read)")
         if size > MAX_BYTES:
             raise InputError(where, f"{path} is {size} bytes; at most {MAX_BYTES} are read "
                                     "(a ConfigContainer dump is about 30 KB)")
