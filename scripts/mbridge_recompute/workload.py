@@ -362,7 +362,9 @@ class Workload:
         return dataclasses.replace(self, **changes)
 
 
-FIELDS = {f.name: f for f in dataclasses.fields(Workload) if f.name != "extra_model"}
+# the fields an input can set: every one with a section (defaults_source, not_modelled and
+# extra_model are bookkeeping the loader fills)
+FIELDS = {f.name: f for f in dataclasses.fields(Workload) if f.metadata["section"]}
 FIELD_NAMES = frozenset(FIELDS)
 
 
