@@ -7,22 +7,26 @@ label here, and what it discards when it runs.
 
 from __future__ import annotations
 
+from mbridge_recompute.memory.shape import attention_core
+
 
 def what_it_drops(w, label: str) -> tuple[bool, str]:
     """(modelled, what the label discards here); modelled=False means the memory model has no
     saving to offer for it on this workload."""
     kinds = set(w.layer_kinds())
     blocks = {b for k in kinds for b in k.split("+")}
-    te = w.transformer_impl == "transformer_engine"
     if label == "core_attn":
         if "attn" not in blocks:
             return False, "no attention layers in this model"
-        if te and not w.multi_latent_attention:
+        core = attention_core(w)      # the one owner of which kernel runs (memory/shape.py)
+        if core == "te_fused" and not w.multi_latent_attention:
             return True, ("TE fused attention keeps no s^2 tensor; the checkpoint pins the fused "
                           "QKV buffer through the v view, so it adds memory (config warning "
                           "tc:1224-1230 @ core_v0.16.1)")
-        if te:
+        if core == "te_fused":
             return True, "MLA under TE fused attention: drops only the fp32 softmax LSE"
+        if core == "te_unfused":
+            return True, "TE unfused attention: drops the softmax probabilities (and dropout tensors)"
         return True, "local unfused attention: drops the softmax probabilities (and dropout tensors)"
     if label == "mla_up_proj":
         return True, "drops the up-projected query, key and value kept by core attention"
