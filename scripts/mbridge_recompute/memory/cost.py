@@ -236,7 +236,11 @@ def step_cost(w, knobs: Knobs = DEFAULT_KNOBS, disabled=()) -> StepCost:
                     bubble_fraction(p, v, w.num_microbatches))
 
 
+def change_pct(step: StepCost, reference: StepCost) -> float:
+    """`step` against `reference`, in % of the reference step."""
+    return 100.0 * (step.total - reference.total) / reference.total if reference.total else 0.0
+
+
 def step_cost_pct(w, reference, knobs: Knobs = DEFAULT_KNOBS, disabled=()) -> float:
     """The modelled step of `w` against `reference`'s (a layout without recompute), in %."""
-    ref = step_cost(reference, knobs)
-    return 100.0 * (step_cost(w, knobs, disabled).total - ref.total) / ref.total if ref.total else 0.0
+    return change_pct(step_cost(w, knobs, disabled), step_cost(reference, knobs))

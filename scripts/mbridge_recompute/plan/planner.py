@@ -280,7 +280,7 @@ def alternative_rows(w, cands: list, current) -> list:
     from mbridge_recompute import memory
 
     now = current.setting.recompute
-    cur = memory.step_cost(w)
+    cur = current.step or memory.step_cost(w)
     rows = []
     for c in cands:
         alone = c.setting.changes and c.setting.recompute == now
@@ -293,7 +293,7 @@ def alternative_rows(w, cands: list, current) -> list:
                "frees_bytes": current.peak_bytes - c.peak_bytes, "cost_pct": round(c.cost_pct, 3),
                "fits": c.fits, "dominated_by": c.dominated_by, "detail": ""}
         if alone:
-            new = memory.step_cost(c.setting.apply(w))
+            new = c.step
             parts = []
             if new.bubble != cur.bubble:
                 parts.append(f"bubble {100 * cur.bubble:.2f} % -> {100 * new.bubble:.2f} %")

@@ -13,12 +13,14 @@ class Pricer:
     the baseline (a candidate is rejected only by what it adds)."""
 
     def __init__(self, w, version: str):
+        from mbridge_recompute import memory
         from mbridge_recompute.rules import check_workload
 
         self.w = w
         self.version = version
         # costs are changes of the modelled step against the current layout without recompute
         self.reference = RecomputeSetting.off().apply(w)
+        self.reference_step = memory.step_cost(self.reference)   # once: every price compares to it
         self._check = lambda with_setting: check_workload(with_setting, validator="builtin", version=version)
         self.baseline = self._check(RecomputeSetting.selective().apply(w))
         self.baseline_errors = frozenset(f["id"] for f in errors(self.baseline["findings"]))
@@ -46,11 +48,12 @@ class Pricer:
                              cost_pct=0.0, rejected_by=tuple(ids))
         off = disabled_by(findings)
         est = memory.estimate(with_setting, disabled=off)
-        cost = float(memory.step_cost_pct(with_setting, self.reference, disabled=off))
+        step = memory.step_cost(with_setting, disabled=off)
         return Candidate(setting=setting, rank_peaks=tuple(int(r.peak_bytes) for r in est.ranks),
-                         rank_terms=tuple(r.peak_term for r in est.ranks), cost_pct=cost,
+                         rank_terms=tuple(r.peak_term for r in est.ranks),
+                         cost_pct=float(memory.change_pct(step, self.reference_step)),
                          rejected_by=tuple(sorted({f["id"] for f in errors(findings)})),
-                         disabled=off)
+                         disabled=off, step=step)
 
 
 def disabled_by(findings: list) -> tuple:

@@ -7,9 +7,12 @@ used only for `--json` (sizes in bytes).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Optional
+from typing import TYPE_CHECKING, Optional
 
 from mbridge_recompute.setting import RecomputeSetting
+
+if TYPE_CHECKING:
+    from mbridge_recompute.memory.cost import StepCost
 
 CAVEAT = ("The recommendation is a prediction, not a measurement: run it against the matched "
           "selective [] control (run_harness.py --from-plan plan.json) and keep it only if the "
@@ -28,6 +31,7 @@ class Candidate:
     fits: bool = False
     dominated_by: Optional[str] = None
     disabled: tuple = ()              # (label, block) the checker finds switched off, not priced
+    step: Optional[StepCost] = None   # its modelled step (memory/cost.py), what cost_pct compares
 
     @property
     def name(self) -> str:
