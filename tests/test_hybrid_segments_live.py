@@ -94,7 +94,7 @@ def _message_head(cid: str) -> str:
 
 @pytest.mark.parametrize("release", ["0.17.1", "0.18.2", "0.19.2"])
 def test_hybrid_placement_matches_that_releases_select_pipeline_segment(release):
-    from mbridge_recompute.placement import HYBRID_KINDS
+    from mbridge_recompute.workload import HYBRID_KINDS
 
     wrong = []
     for case, real in zip(CASES, live(release)):

@@ -44,6 +44,8 @@ from dataclasses import dataclass
 from functools import lru_cache
 from typing import NamedTuple, Optional
 
+from mbridge_recompute.workload import hybrid_kinds
+
 
 class Problem(NamedTuple):
     """A split Megatron-Core rejects: the card constraint id and what was seen."""
@@ -341,11 +343,8 @@ def _place_layout(kinds: tuple, stages: tuple, p: int, v: Optional[int], first, 
 
 
 # --- hybrid stacks from 0.17: '|' stage separators ------------------------------------------
-HYBRID_KINDS = {"M": "mamba", "*": "attn", "-": "mlp", "E": "moe", "G": "gdn"}
-
-
 def _kinds(segment: str) -> tuple:
-    return tuple(HYBRID_KINDS.get(c, "mamba") for c in segment if c in HYBRID_KINDS)
+    return tuple(hybrid_kinds(segment))
 
 
 @lru_cache(maxsize=512)

@@ -340,8 +340,7 @@ class Workload:
         as MCore's `get_gpt_decoder_block_spec` reads it.
         """
         if self.hybrid_override_pattern:
-            names = {"M": "mamba", "*": "attn", "-": "mlp", "E": "moe", "G": "gdn"}
-            return [names.get(c, "mamba") for c in self.hybrid_override_pattern if c in names]
+            return hybrid_kinds(self.hybrid_override_pattern)
         if not self.is_moe:
             return ["attn+mlp"] * self.num_layers
         freq = self.moe_layer_freq
@@ -360,6 +359,16 @@ class Workload:
 
     def replace(self, **changes) -> "Workload":
         return dataclasses.replace(self, **changes)
+
+
+# The layer symbols of a hybrid pattern the memory model lays out, and the layer kind of each
+# (ssm/mamba_hybrid_layer_allocation.py Symbols @ core_v0.17.1); '|' and '/' are separators.
+HYBRID_KINDS = {"M": "mamba", "*": "attn", "-": "mlp", "E": "moe", "G": "gdn"}
+
+
+def hybrid_kinds(pattern: str) -> list:
+    """The layer kind of each layer symbol in `pattern`, separators skipped."""
+    return [HYBRID_KINDS[c] for c in pattern if c in HYBRID_KINDS]
 
 
 # the fields an input can set: every one with a section (defaults_source, not_modelled and

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from mbridge_recompute.errors import InputError
-from mbridge_recompute.inputs.values import short
+from mbridge_recompute.inputs.values import ANY_HYBRID_SYMBOL, short
 
 # HF key -> MCore field, copied as-is when present.
 DIRECT = {
@@ -137,9 +137,7 @@ def _check_types(data: dict, path: Path) -> None:
     if isinstance(pattern, str):
         if len(pattern) > MAX_LAYERS:
             raise _bad(path, "hybrid_override_pattern", f"has {len(pattern)} layers; at most {MAX_LAYERS}")
-        from mbridge_recompute.inputs.values import HYBRID_SYMBOLS
-
-        symbols = set("".join(HYBRID_SYMBOLS.values()))
+        symbols = ANY_HYBRID_SYMBOL
         bad = sorted(set(pattern) - symbols)
         if bad:
             valid = " ".join(sorted(symbols))

@@ -312,7 +312,7 @@ def _hybrid_layers(fields: dict, extra: dict, version: Optional[str]) -> dict:
     if not pattern:
         raise InputError(where, "must not be empty")
     key = releases.resolve_version(version) if version else releases.target_version()
-    anywhere = set("".join(values.HYBRID_SYMBOLS.values()))
+    anywhere = values.ANY_HYBRID_SYMBOL
     allowed = set(values.HYBRID_SYMBOLS.get(key, values.HYBRID_SYMBOLS["main"]))
     for ch in pattern:
         if ch not in anywhere:

@@ -14,7 +14,7 @@ import typing
 from typing import Any
 
 from mbridge_recompute.errors import InputError
-from mbridge_recompute.workload import FIELDS, Workload
+from mbridge_recompute.workload import FIELDS, HYBRID_KINDS, Workload
 
 # Bounds on counts. Sizes are multiplied as Python ints and the model walks every layer and
 # every micro-batch one by one, so an extra run of digits would surface as an OverflowError,
@@ -59,8 +59,10 @@ HYBRID_SYMBOL_RAISE = {"0.16": "ssm/mamba_hybrid_layer_allocation.py:83 @ core_v
                        "0.19": "models/hybrid/hybrid_layer_allocation.py:291 @ core_v0.19.2"}
 HYBRID_SYMBOLS = {"0.16": "M*-E", "0.17": "MG*-E|/", "0.18": "MG*D-E|/", "0.19": "MG*D+-E|/",
                   "main": "MG*D+-E|/"}
-# Symbols the memory model lays out (workload.py layer_kinds); D and + are not modelled yet.
-MODELLED_SYMBOLS = "MG*-E"
+# Symbols the memory model lays out (workload.HYBRID_KINDS); D and + are not modelled yet.
+MODELLED_SYMBOLS = "".join(HYBRID_KINDS)
+# Any release's symbols, for "not a symbol of any release"
+ANY_HYBRID_SYMBOL = frozenset("".join(HYBRID_SYMBOLS.values()))
 
 
 def _optional(hint) -> tuple[bool, Any]:
