@@ -25,8 +25,8 @@ from pathlib import Path
 from typing import Any
 
 from mbridge_recompute.errors import InputError
+from mbridge_recompute.units import MIB
 
-MIB = 2**20
 # What one tool reads at most, per kind of file. A long training log is hundreds of MB; a plan,
 # a manifest or a config dump is kilobytes, so 64 MiB already means "not what it claims to be".
 LOG_LIMIT = 1024 * MIB

@@ -16,7 +16,3 @@ TIB = 2**40
 def gb(nbytes: float) -> str:
     """Decimal GB with two decimals, as every report prints sizes."""
     return f"{nbytes / GB:.2f}"
-
-
-def gib(nbytes: float) -> str:
-    return f"{nbytes / GIB:.2f}"

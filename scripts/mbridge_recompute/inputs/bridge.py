@@ -29,7 +29,6 @@ from typing import Optional
 from mbridge_recompute.errors import InputError
 from mbridge_recompute.inputs import fields as upstream_fields
 
-CONTAINER = "megatron.bridge.training.config.ConfigContainer"
 # Environment variables of `env_vars:` that change memory (the others tune communication):
 # the allocator's segment policy (reserved memory, fragmentation), TE's attention-backend switches
 # (which kernel runs and what it saves, language_module.py:108-152 @ core_v0.19.0) and TE's

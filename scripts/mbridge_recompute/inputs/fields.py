@@ -44,7 +44,6 @@ READ_BY_MODEL = frozenset({
     "account_for_embedding_in_pipeline_split", "account_for_loss_in_pipeline_split",
     "first_k_dense_replace", "hybrid_layer_pattern",
 })
-READ_SECTIONS = ("model", "train", "ddp", "optimizer", "comm_overlap", "mixed_precision", "cluster")
 
 
 @lru_cache(maxsize=1)

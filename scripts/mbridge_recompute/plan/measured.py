@@ -28,7 +28,6 @@ class Measured:
     rank_bytes: dict = field(default_factory=dict)   # pp_rank -> peak bytes (the max over its ranks)
     iteration: Optional[int] = None              # peaks taken after this iteration (None: steady)
     failed_rank: Optional[int] = None            # pp_rank that ran out of memory
-    status: Optional[str] = None                 # the control run's status (pass, oom, ...)
 
     @property
     def first_iteration(self) -> bool:
@@ -97,7 +96,7 @@ def _from_compare(data: dict, path: str, w) -> Measured:
     if failed is None and isinstance(hot, int) and run.get("status") == "oom":
         failed = pp_rank_of(hot, w)
     return Measured(f"--measured {path}", hottest_bytes=int(peak * GB), rank_bytes=ranks,
-                    iteration=iteration, failed_rank=failed, status=run.get("status"))
+                    iteration=iteration, failed_rank=failed)
 
 
 def _from_diagnose(data: dict, path: str, w) -> Measured:
@@ -108,4 +107,4 @@ def _from_diagnose(data: dict, path: str, w) -> Measured:
         if isinstance(oom, dict) and isinstance(oom.get("rank"), int):
             failed = pp_rank_of(oom["rank"], w)
             break
-    return Measured(f"--measured {path}", failed_rank=failed, status="oom")
+    return Measured(f"--measured {path}", failed_rank=failed)

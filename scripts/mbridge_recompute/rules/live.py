@@ -39,7 +39,7 @@ CONFIG_FILES = {"tc": "transformer_config.py", "mpc": "model_parallel_config.py"
                 "cgc": "cuda_graph_config.py"}
 # Workload fields a release may lack: when set they are passed anyway, so the installed
 # TransformerConfig refuses them as it would (TypeError: unexpected keyword argument).
-ABSENT_FIELD_RULES = {"cuda_graph_modules": "cuda-graph-modules-not-in-release"}
+ABSENT_FIELD_RULES = frozenset({"cuda_graph_modules"})   # cuda-graph-modules-not-in-release
 
 
 def mcore_available() -> bool:

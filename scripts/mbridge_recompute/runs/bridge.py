@@ -85,43 +85,38 @@ def _bridge_suites(core: tuple, core_why: str) -> dict:
 class Release:
     """What one Bridge release's harness and tests are, for the tools."""
     key: str
-    read_at: str                       # the git refs these facts were read at
     local_entry: str                   # what torchrun starts on each rank (flat path)
     local_entry_recipes: str           # ... with --use_recipes
-    entry_why: str
     seq_length_sets_model: bool        # -sl sets model.seq_length (else only the dataset's)
     seq_length_why: str
     dryrun_validates: bool             # -d builds and validates the config (runtime_config_update)
     dryrun_why: str
-    precedence: str                    # where Hydra is applied before argparse (the -rl fact)
-    rl_line: str
     task_choices: tuple
     local_env_note: str                # what a local torchrun launch lacks, if anything
     suites: dict = field(default_factory=dict)
 
 
-def _bootstrap_release(key: str, read_at: str, tag: str, suites: dict) -> "Release":
-    """A release whose harness starts through bootstrap.py (0.6 on), its facts read at `tag`."""
+def _bootstrap_release(key: str, tag: str, suites: dict) -> "Release":
+    """A release whose harness starts through bootstrap.py, which installs the recipe's environment
+    and execs run_script.py or run_recipe.py (bootstrap.py:29-69 @ `tag`); its facts read at `tag`."""
     return Release(
-        key=key, read_at=read_at,
+        key=key,
         local_entry=BOOTSTRAP, local_entry_recipes=BOOTSTRAP,
-        entry_why=("bootstrap.py installs the recipe's environment and execs run_script.py or "
-                   f"run_recipe.py (bootstrap.py:29-69 @ {tag})"),
         seq_length_sets_model=True,
         seq_length_why=f"-sl sets model.seq_length (overrides.py:514-515 @ {tag})",
         dryrun_validates=True,
         dryrun_why=("-d runs runtime_config_update before writing the config "
                     f"(run_script.py:153-164 @ {tag})"),
-        precedence=f"run_script.py:76-79 @ {tag}", rl_line=f"overrides.py:174-177 @ {tag}",
         task_choices=("pretrain", "sft", "peft"), local_env_note="", suites=suites)
 
 
+# Facts read at v0.5.1 (0.5), v0.6.0 (0.6: the 0.6.2 wheel's library, whose harness is v0.6.0's)
+# and 067f987 (main). On every release the harness applies its argparse flags after the Hydra
+# overrides (run_script.py:76-79, overrides.py:174-177 @ 067f987; :86-87, :150-153 @ v0.5.1).
 RELEASES = {
     "0.5": Release(
-        key="0.5", read_at="v0.5.0, v0.5.1 (harness files byte-identical)",
+        key="0.5",
         local_entry=RUN_SCRIPT, local_entry_recipes=RUN_RECIPE,
-        entry_why=("0.5 has no bootstrap.py: the rank script is run_script.py, or run_recipe.py with "
-                   "--use_recipes (setup_experiment.py:63-64,510-540 @ v0.5.1)"),
         seq_length_sets_model=False,
         seq_length_why=("-sl sets only the mock/squad dataset length at 0.5 (overrides.py:382,417,431 @ "
                         "v0.5.1), and training asserts model.seq_length == dataset.seq_length "
@@ -131,7 +126,6 @@ RELEASES = {
         dryrun_why=("-d at 0.5 writes the config before runtime_config_update, so nothing is validated "
                     "(run_script.py:105-111 @ v0.5.1): a -d run that succeeds proves nothing about "
                     "recompute"),
-        precedence="run_script.py:86-87 @ v0.5.1", rl_line="overrides.py:150-153 @ v0.5.1",
         task_choices=("pretrain", "sft", "lora"),
         local_env_note=("at 0.5 the perf environment variables (CUDA_DEVICE_MAX_CONNECTIONS, NVTE_*, ...) "
                         "are set by setup_experiment.py's PerfEnvPlugin on Slurm only "
@@ -143,12 +137,12 @@ RELEASES = {
             "test_r050_perf_recipe_ports.py / the Qwen3.5-VL test do not exist at 0.5"),
     ),
     "0.6": _bootstrap_release(
-        "0.6", "v0.6.0 (and the 0.6.2 wheel's library; its harness is v0.6.0's)", "v0.6.0",
+        "0.6", "v0.6.0",
         _bridge_suites((_COMM, _THEORY, _PEFT, _R050),
                        "the Qwen3.5-VL workload test exists at v0.6.0 but asserts nothing about "
                        "recompute (its recompute assertions came later, a7f4ad56b)")),
     "main": _bootstrap_release(
-        "main", "067f987", "067f987",
+        "main", "067f987",
         _bridge_suites((_COMM, _THEORY, _PEFT, _R050, _QWEN), "every recompute test of the release")),
 }
 

@@ -58,7 +58,6 @@ from mbridge_recompute.output import shell_line, shell_token
 from mbridge_recompute.runs import bridge
 from mbridge_recompute.setting import RecomputeSetting
 
-BOOTSTRAP = bridge.BOOTSTRAP
 SETUP_EXPERIMENT = bridge.SETUP_EXPERIMENT
 ARGUMENT_PARSER = bridge.ARGUMENT_PARSER
 LAUNCHERS = ("local", "slurm")
