@@ -177,13 +177,14 @@ def _data_parser(release: str):
     return parser, defs[key]["version"]
 
 
-def parse(tokens: list, release: str) -> tuple[argparse.Namespace, str]:
+def parse(tokens: list, release: str) -> tuple[argparse.Namespace, str, argparse.ArgumentParser]:
+    """The namespace, how it was read, and the parser that read it."""
     parser = _real_parser()
     how = "Megatron-LM's parser (megatron.training.arguments, installed)"
     if parser is None:
         parser, version = _data_parser(release)
         how = f"Megatron-LM {version}'s argument definitions (data/mlm_arguments.json)"
-    return parser.parse_args(tokens), how
+    return parser.parse_args(tokens), how, parser
 
 
 # ---------------------------------------------------------------- namespace -> sections
@@ -237,7 +238,7 @@ def sections(spec: list, release: Optional[str] = None) -> dict:
 
     tokens = _tokens(spec)
     key = releases.resolve_version(release) if release else releases.target_version()
-    ns, how = parse(tokens, key)
+    ns, how, parser = parse(tokens, key)
     a = vars(ns)
     tc = _transformer_fields()
     model: dict[str, Any] = {}
@@ -263,10 +264,8 @@ def sections(spec: list, release: Optional[str] = None) -> dict:
     elif a.get("quick_geglu"):
         model.update(activation_func="quick_gelu", gated_linear_unit=True)
     model["num_query_groups"] = a.get("num_query_groups") if a.get("group_query_attention") else None
-    if a.get("attention_backend") is None:
+    if a.get("attention_backend") is None:       # (an enum member is already its name: _plain)
         model.pop("attention_backend", None)
-    elif not isinstance(a["attention_backend"], str):
-        model["attention_backend"] = getattr(a["attention_backend"], "name", str(a["attention_backend"]))
     # GPTModel arguments, not TransformerConfig fields (pretrain_gpt.py model_provider)
     if a.get("position_embedding_type") is not None:
         model["position_embedding_type"] = a["position_embedding_type"]
@@ -303,20 +302,17 @@ def sections(spec: list, release: Optional[str] = None) -> dict:
         model["seq_length"] = a["seq_length"]
     if a.get("padded_vocab_size") is None and a.get("vocab_size") is not None:
         model["vocab_size"] = a["vocab_size"]
-    if isinstance(model.get("recompute_modules"), list) and not model["recompute_modules"]:
-        model["recompute_modules"] = []
     out: dict[str, dict] = {"model": model, "train": {}, "ddp": {}, "optimizer": {}}
     for name, (section, fld) in TRAIN_DDP_OPT.items():
         if a.get(name) is not None:
             out[section][fld] = a[name]
-    unread = sorted({t.split("=", 1)[0] for t in tokens if t.startswith("--")} - _read_flags(a, model, tc))
+    unread = sorted({t.split("=", 1)[0] for t in tokens if t.startswith("--")} - _read_flags(parser, model))
     out["_mlm"] = {"how": how, "unread": [f for f in unread if not _QUIET.match(f[2:].replace("-", "_"))]}
     return out
 
 
-def _read_flags(a: dict, model: dict, tc: frozenset) -> set:
-    """The flags (as written) whose dest the conversion read."""
-    parser = _real_parser() or _data_parser("0.19")[0]
+def _read_flags(parser: argparse.ArgumentParser, model: dict) -> set:
+    """The flags (as written) whose dest the conversion read, by the parser that read them."""
     # every dest that became a model field is read: the memory model reads it, or
     # data/coverage.yaml classifies it (and names it when it is set)
     read_dests = set(model) | set(TRAIN_DDP_OPT) | {
