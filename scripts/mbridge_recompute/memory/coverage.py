@@ -172,10 +172,11 @@ def unmodelled(w) -> list[Unmodelled]:
     return out
 
 
-def findings(w) -> list[dict]:
-    """Warning findings, one per not-modelled setting, in the findings' shape."""
+def findings(w, settings: list | None = None) -> list[dict]:
+    """Warning findings, one per not-modelled setting (`settings`, else `unmodelled(w)`), in the
+    findings' shape."""
     return [{"id": "not-modelled", "severity": "warning", "kind": "model-coverage",
              "message": u.sentence(), "field": u.key, "value": _show(u.value),
              "fix": "the plan does not account for it: compare with a measured run",
              "source": "memory-model", "citation": "", "upstream_message": ""}
-            for u in unmodelled(w)]
+            for u in (unmodelled(w) if settings is None else settings)]

@@ -350,9 +350,6 @@ def assumptions(w, sh: Shape, knobs: Knobs) -> list:
         out.append("flex dispatcher: DeepEP / HybridEP allocate their communication buffers "
                    "outside PyTorch's allocator (not in the peak; they lower what PyTorch can use); "
                    "the working set is taken as alltoall's.")
-    from mbridge_recompute.memory.coverage import unmodelled
-
-    out += [u.sentence() for u in unmodelled(w)]
     if w.pipeline_model_parallel_size > 1 and not sh.deallocate_outputs:
         out.append("deallocate_pipeline_outputs is off (MCore default): each in-flight "
                    "micro-batch keeps its stage output [Tr, h].")

@@ -229,8 +229,11 @@ def plan(w, budget_gb: Optional[float] = None, measured_peak_gb: Optional[float]
         rec, free = free_memory(cands, current_cand, need, target)
         fits = rec is not None
 
+    from mbridge_recompute.memory import coverage
+
     chunks = place(w, version)
-    assumptions = list(current.assumptions)
+    unmodelled = coverage.unmodelled(w)      # once: the warnings and the assumptions both name them
+    assumptions = list(current.assumptions) + [u.sentence() for u in unmodelled]
     assumptions.append(budget_text)
     assumptions.append("peak = the hottest pipeline rank's predicted peak allocated memory; "
                        "cost = modelled replayed forward work as % of the step, not a measured time")
@@ -259,10 +262,8 @@ def plan(w, budget_gb: Optional[float] = None, measured_peak_gb: Optional[float]
         assumptions.append("uncalibrated: pass --measured-peak-gb (or --measured compare.json) with the "
                            "[] control's measured peak to anchor the predictions")
 
-    from mbridge_recompute.memory import coverage
-
     return PlanReport(
-        warnings=coverage.findings(w),
+        warnings=coverage.findings(w, unmodelled),
         workload=workload_summary(w, current_setting), budget_bytes=budget, estimate=current,
         labels=effects, candidates=cands, current=current_cand, recommendation=rec, fits=fits,
         diagnosis=None if fits else (diagnose_no_free(free) if free else
