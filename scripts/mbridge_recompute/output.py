@@ -21,7 +21,6 @@ from typing import Any, Callable, Iterable, Sequence
 _CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f\x9b]")
 # a dotted Hydra key=value (model.recompute_modules=[], ++train.x=1) as one word of prose
 _OVERRIDE_WORD = re.compile(r"(?<!\S)((?:\+\+|\+|~)?[A-Za-z_]\w*(?:\.\w+)+=\S*)")
-_SAFE_TOKEN = re.compile(r"[\w@%+=:,./-]+")
 
 
 def safe_text(text: str) -> str:
@@ -30,13 +29,12 @@ def safe_text(text: str) -> str:
 
 
 def shell_token(token: str) -> str:
-    """One argv token as a shell reads it back unchanged."""
-    token = str(token)
-    return token if token and _SAFE_TOKEN.fullmatch(token) else shlex.quote(token)
+    """One argv token as a shell reads it back unchanged (plain tokens stay bare)."""
+    return shlex.quote(str(token))
 
 
 def shell_line(argv: Iterable[str]) -> str:
-    return " ".join(shell_token(t) for t in argv)
+    return shlex.join(str(t) for t in argv)
 
 
 def quote_overrides(text: str) -> str:

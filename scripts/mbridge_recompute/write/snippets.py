@@ -25,10 +25,11 @@ refuses what a format cannot say (`NotExpressible`).
 from __future__ import annotations
 
 import re
-import shlex
 from functools import lru_cache
 from pathlib import Path
 from typing import Union
+
+from mbridge_recompute.output import shell_line
 
 FORMATS = ("python", "yaml", "overrides", "harness", "mlm")
 TEXT_FORMATS = ("python", "yaml")
@@ -331,7 +332,7 @@ def render_all(setting) -> dict:
 
 def shell_join(tokens: list) -> str:
     """One line for display: `'model.recompute_modules=[]'` is quoted, plain tokens are not."""
-    return shlex.join(str(t) for t in tokens)
+    return shell_line(tokens)
 
 
 def as_text(value: Union[str, list]) -> str:
