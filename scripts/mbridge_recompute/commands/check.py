@@ -72,7 +72,6 @@ def run(args) -> int:
         with contextlib.redirect_stdout(sys.stderr):
             report = check_workload(workload, validator=args.validator,
                                     version=release if args.mcore_version else None)
-        _fill_label_message(report, workload)
         report["findings"] += _input_findings(workload, report)
         report["input"] = {"defaults_source": workload.defaults_source,
                            "not_modelled": list(workload.not_modelled)}
@@ -122,23 +121,6 @@ def _finding(fid: str, severity: str, message: str, fix: str, citation: str, kin
              upstream: str = "") -> dict:
     return {"id": fid, "severity": severity, "message": message, "fix": fix, "source": "builtin",
             "upstream_message": upstream, "citation": citation, "kind": kind}
-
-
-def _fill_label_message(report: dict, w) -> None:
-    """The built-in table's modules-invalid-label finding with megatron-core's message filled in
-    as `__post_init__` formats it (a Python set of the invalid labels, then of the allowed ones;
-    tc:1208-1211 @ core_v0.16.1). Set order varies from run to run upstream; here it is sorted."""
-    from mbridge_recompute.facts import releases
-
-    for f in report.get("findings", []):
-        text = f.get("upstream_message") or ""
-        if f["id"] != "modules-invalid-label" or "{invalid_modules}" not in text:
-            continue
-        allowed = releases.labels_for(report.get("facts") or releases.target_version())
-        mods = w.recompute_modules or []
-        invalid = sorted(set(mods) - set(allowed))
-        f["upstream_message"] = text.format(invalid_modules="{" + ", ".join(map(repr, invalid)) + "}",
-                                            allowed_modules="{" + ", ".join(map(repr, sorted(allowed))) + "}")
 
 
 def _input_findings(w, report: dict) -> list:

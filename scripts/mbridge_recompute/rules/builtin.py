@@ -47,6 +47,12 @@ class Hit:
     # "moe" / "attn" / "mlp" one block's use of it; ("full", "all") is full recompute itself.
     # The memory model and the planner price the setting without them (one effective setting).
     disables: tuple = ()
+    upstream: Optional[str] = None     # megatron-core's message with its f-string parts filled in
+
+
+def _python_set(items) -> str:
+    """A set as megatron-core's f-strings print it, sorted (upstream's set order varies by run)."""
+    return "{" + ", ".join(map(repr, sorted(items))) + "}"
 
 
 @dataclass(frozen=True)
@@ -215,10 +221,6 @@ def _capture(w, has_modules_field: bool) -> tuple:
     return impl, scopes, migrated
 
 
-def _labels_allowed(version: str) -> list[str]:
-    return releases.labels_for(version)
-
-
 def _fmt(labels) -> str:
     return ", ".join(labels)
 
@@ -315,12 +317,15 @@ def _distribute_sp(s: State):
 def _invalid_label(s: State):
     if s.g != "selective" or len(s.mods) == 0:
         return None
-    allowed = _labels_allowed(s.version)
+    allowed = releases.labels_for(s.version)
     bad = sorted(set(s.mods) - set(allowed))
     if bad:
         extra = " (a string is iterated character by character)" if isinstance(s.mods, str) else ""
+        # tc:1208-1211 @ core_v0.16.1 formats the invalid, then the allowed labels as sets
+        upstream = card.constraint_at("modules-invalid-label", s.version)["message"].format(
+            invalid_modules=_python_set(bad), allowed_modules=_python_set(allowed))
         return Hit(f"unknown label(s) {_fmt(bad)} for megatron-core {s.version}{extra}; "
-                   f"valid: {_fmt(allowed)}")
+                   f"valid: {_fmt(allowed)}", upstream=upstream)
 
 
 @rule("moe-act-needs-grouped-gemm")
@@ -494,7 +499,9 @@ def _fg_invalid(s: State):
         allowed = releases.enum("offload_modules", s.version)
         bad = sorted(set(s.w.offload_modules) - set(allowed))
         if bad:
-            return Hit(f"unknown offload_modules {_fmt(bad)}; valid: {_fmt(allowed)}")
+            upstream = card.constraint_at("offload-modules-invalid", s.version)["message"].format(
+                invalid_modules=_python_set(bad), allowed_modules=_python_set(allowed))
+            return Hit(f"unknown offload_modules {_fmt(bad)}; valid: {_fmt(allowed)}", upstream=upstream)
 
 
 @rule("offload-attn-proj-without-core-attn")
@@ -1091,9 +1098,7 @@ def evaluate(w, version: Optional[str] = None, te_version: Optional[str] = None,
         hit = r.fn(s)
         if hit is None:
             continue
-        f = finding(r.id, "builtin", version, hit.detail, severity=hit.severity)
-        if hit.disables:
-            f["disables"] = [list(d) for d in hit.disables]
+        f = _finding_of(r.id, version, hit)
         if f["severity"] == "error":
             f["raises"] = hit.raises or card.constraint_at(r.id, version).get("raises")
             if ev.first_error is None:
@@ -1106,11 +1111,15 @@ def evaluate(w, version: Optional[str] = None, te_version: Optional[str] = None,
         s.after_override = True   # what the model is built with
         hit = r.fn(s)
         if hit is not None:
-            f = finding(r.id, "builtin", version, hit.detail, severity=hit.severity)
-            if hit.disables:
-                f["disables"] = [list(d) for d in hit.disables]
-            ev.findings.append(f)
+            ev.findings.append(_finding_of(r.id, version, hit))
     return ev
+
+
+def _finding_of(cid: str, version: str, hit: Hit) -> dict:
+    f = finding(cid, "builtin", version, hit.detail, severity=hit.severity, upstream=hit.upstream)
+    if hit.disables:
+        f["disables"] = [list(d) for d in hit.disables]
+    return f
 
 
 def check(w, version: Optional[str] = None, te_version: Optional[str] = None,
