@@ -24,6 +24,7 @@ from functools import lru_cache
 from typing import Any, Optional
 
 from mbridge_recompute import DATA_DIR
+from mbridge_recompute.inputs import values
 from mbridge_recompute.workload import FIELD_NAMES, section_fields
 
 BRIDGE = "0.6.2"
@@ -35,15 +36,8 @@ LEGACY_MODEL_KEYS = frozenset({"hybrid_override_pattern", "mtp_enabled", "mamba_
 # Fields outside Workload that the memory model reads (memory/shape.py `_extra`, memory/peak.py:162,
 # placement.py:79-80) and that the loader itself applies (first_k_dense_replace -> moe_layer_freq,
 # hybrid_layer_pattern -> hybrid_override_pattern).
-READ_BY_MODEL = frozenset({
-    "mamba_head_dim", "mamba_num_heads", "mamba_num_groups", "mamba_state_dim", "linear_num_key_heads",
-    "linear_num_value_heads", "linear_key_head_dim", "linear_value_head_dim", "bias_activation_fusion",
-    "use_te_activation_func", "use_fused_weighted_squared_relu", "moe_shared_expert_gate",
-    "deallocate_pipeline_outputs", "cross_entropy_loss_fusion", "cross_entropy_fusion_impl",
-    "use_mamba_mem_eff_path", "apply_rope_fusion", "microbatch_group_size_per_vp_stage",
-    "account_for_embedding_in_pipeline_split", "account_for_loss_in_pipeline_split",
-    "first_k_dense_replace", "hybrid_layer_pattern",
-})
+READ_BY_MODEL = values.EXTRA_SIZES | values.EXTRA_FLAGS | {
+    "cross_entropy_fusion_impl", "first_k_dense_replace", "hybrid_layer_pattern"}
 
 
 @lru_cache(maxsize=1)

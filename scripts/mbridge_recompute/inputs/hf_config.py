@@ -13,7 +13,8 @@ from pathlib import Path
 from typing import Any
 
 from mbridge_recompute.errors import InputError
-from mbridge_recompute.inputs.values import ANY_HYBRID_SYMBOL, short
+from mbridge_recompute.inputs.values import ANY_HYBRID_SYMBOL, MAX_INT, short
+from mbridge_recompute.workload import FIELDS
 
 # HF key -> MCore field, copied as-is when present.
 DIRECT = {
@@ -87,9 +88,9 @@ def _read(path: Path) -> dict:
     return data
 
 
-# Counts the memory model walks one by one: refused before any per-layer list is built.
-MAX_LAYERS = 10_000
-MAX_INT = 2**31 - 1
+# Counts the memory model walks one by one: refused before any per-layer list is built (the
+# Workload field's own limit), and the bound on every other integer.
+MAX_LAYERS = FIELDS["num_layers"].metadata["limit"]
 
 
 def _bad(path: Path, key: str, reason: str):

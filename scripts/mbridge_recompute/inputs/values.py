@@ -30,15 +30,18 @@ _HINTS = typing.get_type_hints(Workload)
 # TransformerConfig fields outside Workload that the memory model reads (memory/shape.py,
 # memory/peak.py): checked here like Workload fields, so a bad value is exit 2 naming it
 # rather than a ValueError deep in the model. The others are passed through untouched.
-_EXTRA_SIZES = frozenset({"microbatch_group_size_per_vp_stage", "mamba_head_dim", "mamba_num_heads",
+EXTRA_SIZES = frozenset({"microbatch_group_size_per_vp_stage", "mamba_head_dim", "mamba_num_heads",
                           "mamba_num_groups", "mamba_state_dim", "linear_num_key_heads",
                           "linear_num_value_heads", "linear_key_head_dim", "linear_value_head_dim"})
-_EXTRA_FLAGS = frozenset({"bias_activation_fusion", "use_te_activation_func",
+EXTRA_FLAGS = frozenset({"bias_activation_fusion", "use_te_activation_func",
                           "use_fused_weighted_squared_relu", "moe_shared_expert_gate",
                           "deallocate_pipeline_outputs", "cross_entropy_loss_fusion",
                           "use_mamba_mem_eff_path", "apply_rope_fusion",
                           "account_for_embedding_in_pipeline_split",
                           "account_for_loss_in_pipeline_split"})
+
+# What `cluster.te_version` says when Transformer Engine is known to be absent on the training nodes
+TE_ABSENT = frozenset({"none", "absent", "no", "missing", "0", "0.0.0"})
 
 # Optimizer-state dtypes, normalised. A Bridge dump writes a torch dtype as
 # {_target_: torch.bfloat16, _call_: false}; TE FusedAdam takes uint8 (fp8) moments.
@@ -105,8 +108,6 @@ def _version_text(value: Any, where: str) -> str:
     if not isinstance(value, str):
         raise InputError(where, f"must be a version such as 2.8.0, got {value!r}")
     from packaging.version import InvalidVersion, Version
-
-    from mbridge_recompute.rules.builtin import TE_ABSENT
 
     if value.strip().lower() in TE_ABSENT:
         return value
@@ -194,10 +195,10 @@ def coerce_extra(name: str, value: Any, where: str) -> Any:
     """Check a model field outside Workload that the memory model reads; pass the others through."""
     if value is None:
         return None
-    if name in _EXTRA_SIZES and (isinstance(value, bool) or not isinstance(value, int)
+    if name in EXTRA_SIZES and (isinstance(value, bool) or not isinstance(value, int)
                                  or not 0 < value <= MAX_INT):
         raise InputError(where, f"must be a positive integer of at most {MAX_INT}, got {short(value)}")
-    if name in _EXTRA_FLAGS and not isinstance(value, bool):
+    if name in EXTRA_FLAGS and not isinstance(value, bool):
         raise InputError(where, f"must be true or false, got {short(value)}")
     return value
 

@@ -29,11 +29,10 @@ from dataclasses import dataclass, field
 from typing import Callable, Optional
 
 from mbridge_recompute.facts import card, releases
+from mbridge_recompute.inputs.values import TE_ABSENT  # what te_version says when TE is absent
 from mbridge_recompute.placement import place
 from mbridge_recompute.rules.findings import finding, report
 
-# Values of `te_version` that mean "Transformer Engine is not installed there".
-TE_ABSENT = frozenset({"none", "absent", "no", "missing", "0", "0.0.0"})
 # Modules fine-grained offloading may move inside a MoE layer (tc:1874-1884 @ core_v0.19.0).
 MOE_INTERNALS = ("moe_act", "expert_fc1", "fused_group_mlp")
 

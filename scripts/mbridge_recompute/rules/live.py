@@ -31,6 +31,7 @@ from pathlib import PurePath
 from typing import Optional
 
 from mbridge_recompute.facts import card, releases
+from mbridge_recompute.inputs.values import TE_ABSENT
 from mbridge_recompute.rules import builtin
 from mbridge_recompute.rules.findings import finding, report
 
@@ -136,7 +137,7 @@ def build(w, te_version: Optional[str] = None) -> Outcome:
     out = Outcome()
     te = te_version if te_version is not None else w.te_version
     saved_te = mcore_utils._te_version
-    if te is not None and str(te).strip().lower() not in builtin.TE_ABSENT:
+    if te is not None and str(te).strip().lower() not in TE_ABSENT:
         from packaging.version import Version
 
         mcore_utils._te_version = Version(str(te))
