@@ -29,13 +29,11 @@ def _vpp_options(w, pl) -> list:
         return []
     stages = pl.stage_layers
     current = len(pl.chunks[0])
-    uneven = (w.num_layers_in_first_pipeline_stage is not None
-              or w.num_layers_in_last_pipeline_stage is not None)
     out = []
+    # (uneven stages with a split that counts the embedding never get here: placement rejects
+    # them, uneven-pp-with-pipeline-split-accounting, and the plan stops before alternatives)
     for v in range(1, MAX_VPP + 1):
         if v == current or any(n % v for n in stages) or min(stages) < v:
-            continue
-        if uneven and v > 1 and w.extra_model.get("account_for_embedding_in_pipeline_split"):
             continue
         out.append({"virtual_pipeline_model_parallel_size": v if v > 1 else None})
     return out

@@ -116,11 +116,11 @@ def _calibration_sentence(c: Calibration) -> str:
             "taken against the model's first-iteration peak, steady-state predictions = model + "
             "offset" if c.iteration == 1 else "in the steady state")
     ranks = (f"; pp_ranks {', '.join(map(str, c.measured_ranks))} each by their own offset, the "
-             "others by pp_rank {c.pp_rank}'s" if len(c.measured_ranks) > 1 else "")
+             f"others by pp_rank {c.pp_rank}'s" if len(c.measured_ranks) > 1 else "")
     return (f"calibrated: the [] control's modelled peak {c.control_model_peak_bytes / GB:.2f} GB on "
             f"pp_rank {c.pp_rank} is anchored to the measured {c.measured_peak_bytes / GB:.2f} GB "
             f"({c.source}), measured {when}; each candidate = its modelled peak + the offset "
-            f"({c.offset_bytes / GB:+.2f} GB{ranks})").replace("{c.pp_rank}", str(c.pp_rank))
+            f"({c.offset_bytes / GB:+.2f} GB{ranks})")
 
 
 def free_memory(cands: list, current, need: int, rank: int) -> tuple:
