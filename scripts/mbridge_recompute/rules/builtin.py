@@ -389,7 +389,7 @@ def _te_gate(s: State, minimum: str, what: str) -> Optional[Hit]:
         return Hit(f"{what} needs Transformer Engine >= {minimum}; the TE version on the training "
                    "nodes is unknown (set cluster.te_version)", severity="warning")
     if s.te_absent and releases.meta(s.version)["te_version_without_te"] is None:
-        return Hit(f"{what}: Transformer Engine is not installed, and megatron-core 0.16 then raises "
+        return Hit(f"{what}: Transformer Engine is not installed, and megatron-core {s.version} then raises "
                    "TypeError ('>=' not supported between 'NoneType' and 'Version') instead of the "
                    f"intended check (needs TE >= {minimum})", raises="TypeError")
     return Hit(f"{what} needs Transformer Engine >= {minimum}, have {s.te_shown()}")

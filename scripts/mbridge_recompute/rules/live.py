@@ -276,7 +276,7 @@ def check(w, version: Optional[str] = None, te_version: Optional[str] = None) ->
                 f["severity"] = "warning"
                 f["message"] = (f"{by_id[cid]['message'] if cid in by_id else f['message']} - "
                                 "megatron-core could not evaluate this check here (Transformer Engine "
-                                "is not installed on this machine; 0.16 raises TypeError). "
+                                f"is not installed on this machine; {target} raises TypeError). "
                                 "Set cluster.te_version to decide it.")
             findings.append(f)
 
