@@ -108,16 +108,16 @@ def _scalar(value) -> str:
     raise TypeError(f"cannot write {value!r} as a scalar")
 
 
-# The Megatron-LM flag of each field an alternative changes (arguments.py @ core_v0.16.1; a
-# TransformerConfig field's flag is "--" + name with "_" -> "-" unless Megatron-LM renames it).
+def _yaml_value(value) -> str:
+    """A value as the YAML formats write it: a flow list with a space after each comma."""
+    return _scalar(value).replace(",", ", ")
+
+
+# The fields an alternative changes whose Megatron-LM flag is renamed (arguments.py @ core_v0.16.1);
+# every other field's flag is "--" + its name with "_" -> "-".
 MLM_FLAGS = {"virtual_pipeline_model_parallel_size": "--num-virtual-stages-per-pipeline-rank",
-             "pipeline_model_parallel_layout": "--pipeline-model-parallel-layout",
              "num_layers_in_first_pipeline_stage": "--decoder-first-pipeline-num-layers",
-             "num_layers_in_last_pipeline_stage": "--decoder-last-pipeline-num-layers",
-             "context_parallel_size": "--context-parallel-size",
-             "use_distributed_optimizer": "--use-distributed-optimizer",
-             "fine_grained_activation_offloading": "--fine-grained-activation-offloading",
-             "offload_modules": "--offload-modules"}
+             "num_layers_in_last_pipeline_stage": "--decoder-last-pipeline-num-layers"}
 
 
 def changed_fields(setting) -> list:
@@ -145,8 +145,7 @@ def _changes_text(fmt: str, setting) -> str:
         return "".join(f"cfg.{sec}.{f} = {_py(v)}\n" for sec, f, v in rows)
     # YAML: the model keys continue the template's model block; other sections follow, once each
     def line(f, v):
-        text = _scalar(v)
-        return f"  {f}: {text.replace(',', ', ') if isinstance(v, list) else text}\n"
+        return f"  {f}: {_yaml_value(v) if isinstance(v, list) else _scalar(v)}\n"
     out = "".join(line(f, v) for sec, f, v in rows if sec == "model")
     for section in dict.fromkeys(sec for sec, _, _ in rows if sec != "model"):
         out += f"{section}:\n" + "".join(line(f, v) for sec, f, v in rows if sec == section)
@@ -189,7 +188,7 @@ def _env():
         autoescape=False,
     )
     env.filters["py"] = _py
-    env.filters["yaml"] = lambda v: _scalar(v).replace(",", ", ")
+    env.filters["yaml"] = _yaml_value
     return env
 
 
