@@ -112,3 +112,11 @@ def test_the_harness_sweeps_an_alternative_with_its_overrides(tmp_path):
     runs = json.loads(proc.stdout)["runs"]
     argv = next(r for r in runs if "vpp10" in r["name"] or "virtual" in json.dumps(r))["argv"]
     assert "model.virtual_pipeline_model_parallel_size=10" in argv
+
+
+def test_a_change_value_is_checked_against_its_field():
+    """'@context_parallel_size=abc' was written into every format as-is (exit 0)."""
+    from conftest import run_script
+
+    p = run_script("config", "--candidate", "mlp@context_parallel_size=abc", "--format", "overrides")
+    assert p.returncode == 2 and "context_parallel_size" in p.stderr and "integer" in p.stderr

@@ -182,6 +182,7 @@ def _token(value) -> str:
 
 
 def _parse_change(part: str, text: str, where: str) -> tuple:
+    from mbridge_recompute.inputs.values import coerce
     from mbridge_recompute.workload import FIELDS
 
     field, eq, raw = part.partition("=")
@@ -193,9 +194,12 @@ def _parse_change(part: str, text: str, where: str) -> tuple:
         return field, tuple(x for x in raw.split("+") if x)
     low = raw.lower()
     if low in ("true", "false"):
-        return field, low == "true"
-    if low in ("null", "none"):
-        return field, None
-    if re.fullmatch(r"-?\d+", raw):
-        return field, int(raw)
-    return field, raw
+        value = low == "true"
+    elif low in ("null", "none"):
+        value = None
+    elif re.fullmatch(r"-?\d+", raw):
+        value = int(raw)
+    else:
+        value = raw
+    # the field's own type and bounds, as a workload file's value is checked
+    return field, coerce(field, value, f"{where} {text!r}: @{field}")
