@@ -144,3 +144,9 @@ def test_use_recipes_ignores_the_recompute_flags():
                                   "recompute_method": None, "recompute_num_layers": None},
                              ran_from="dump", requests=requests, use_recipes=True, argv=argv)
     assert "ignored-flags" in {d["cause"] for d in effective.differences(s)}
+
+
+def test_every_cause_of_a_difference_has_a_fix():
+    from mbridge_recompute.logs.effective import CAUSES, FIXES
+
+    assert list(FIXES) == list(CAUSES)

@@ -35,7 +35,8 @@ exit codes: 0 no error finding, 1 at least one error finding (or a run that did 
 setting its command asked for), 2 unusable input"""
 
 _ORDER = ("error", "warning", "info")
-# megatron-core promotes recompute_modules None to ["core_attn"] (tc:<line> by release)
+
+
 def add_arguments(parser) -> None:
     parser.add_argument("--validator", choices=("auto", "live", "builtin"), default="auto",
                         help="live: the installed megatron-core's TransformerConfig; builtin: the rule "
@@ -160,6 +161,8 @@ def _fields_of_other_releases(w, key: str) -> list:
 
 
 def _run_findings(s) -> list:
+    from mbridge_recompute.logs.effective import FIXES
+
     out = []
     for d in s.differences:
         severity = "warning" if d["cause"] in ("none-promoted", "ignored-label") else "error"
@@ -167,7 +170,7 @@ def _run_findings(s) -> list:
         out.append(_finding(
             f"run-{d['cause']}", severity,
             f"{d['field']}: asked {asked!r}, ran {d['ran']!r} -- {d['why']}",
-            _RUN_FIX[d["cause"]], "logs/effective.py", "run"))
+            FIXES[d["cause"]], "logs/effective.py", "run"))
     if s.error and not s.differences:
         out.append(_finding("run-failed", "error", f"the run failed: {s.error}",
                             "diagnose_oom.py / diagnose.py on its log names the cause", "logs/runlog.py",
@@ -175,15 +178,6 @@ def _run_findings(s) -> list:
     return out
 
 
-_RUN_FIX = {
-    "none-promoted": "spell the labels out (recompute_modules=[core_attn]) so the command says what runs",
-    "recipe-leak": "clear the recipe's values with Hydra: model.recompute_method=null "
-                   "model.recompute_num_layers=null (run_harness.py does this for every selective candidate)",
-    "flag-order": "leave -rl out; Hydra nulls cannot undo a flag",
-    "ignored-flags": "with --use_recipes give the setting as Hydra overrides (model.recompute_*=...)",
-    "ignored-label": "drop the label; it recomputes nothing for this model",
-    "unexplained": "compare the recipe's values with the command; the dump shows what ran",
-}
 
 
 def render(report: dict) -> str:

@@ -51,6 +51,16 @@ CAUSES = {
     "ignored-label": "the label ran but changes nothing for this model",
     "unexplained": "the recipe or another override set it",
 }
+# what to do about each cause, in the order of CAUSES
+FIXES = {
+    "none-promoted": "spell the labels out (recompute_modules=[core_attn]) so the command says what runs",
+    "recipe-leak": "clear the recipe's values with Hydra: model.recompute_method=null "
+                   "model.recompute_num_layers=null (run_harness.py does this for every selective candidate)",
+    "flag-order": "leave -rl out; Hydra nulls cannot undo a flag",
+    "ignored-flags": "with --use_recipes give the setting as Hydra overrides (model.recompute_*=...)",
+    "ignored-label": "drop the label; it recomputes nothing for this model",
+    "unexplained": "compare the recipe's values with the command; the dump shows what ran",
+}
 
 
 @dataclass
