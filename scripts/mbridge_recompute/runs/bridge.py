@@ -61,7 +61,9 @@ _CORE_NEEDS = "torch + megatron-core (tests/unit_tests/conftest.py imports both)
 
 
 @dataclass(frozen=True)
-class SuiteSpec:
+class Suite:
+    """A named selection of recompute tests (runs/testrunner.py runs it)."""
+    name: str
     paths: tuple              # files or node ids, relative to the checkout root
     keyword: Optional[str]    # a -k expression, or None
     needs: str                # what the environment must provide, for the reader
@@ -70,14 +72,14 @@ class SuiteSpec:
 
 def _bridge_suites(core: tuple, core_why: str) -> dict:
     return {
-        "core": SuiteSpec(core, None, _CORE_NEEDS, core_why),
+        "core": Suite("core", core, None, _CORE_NEEDS, core_why),
         # argparse > Hydra > recipe for recompute: TestRecipeDefault, TestRecomputePrecedence A-E,
         # TestFullChainSanity (test_override_precedence.py, added with the precedence fix, #3518)
-        "precedence": SuiteSpec((_PRECEDENCE,), "recompute or FullChain",
-                                "nemo_run (the test imports the harness's argument_parser) and the "
-                                "DeepSeek-V3 HF config reachable or cached"),
+        "precedence": Suite("precedence", (_PRECEDENCE,), "recompute or FullChain",
+                            "nemo_run (the test imports the harness's argument_parser) and the "
+                            "DeepSeek-V3 HF config reachable or cached"),
         # full recompute forward/backward through a TE layer spec (test_checkpointed_forward)
-        "gpu": SuiteSpec((_QWEN3_BLOCK,), "checkpointed", "Transformer Engine; a GPU preferred"),
+        "gpu": Suite("gpu", (_QWEN3_BLOCK,), "checkpointed", "Transformer Engine; a GPU preferred"),
     }
 
 

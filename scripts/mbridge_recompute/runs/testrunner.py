@@ -45,6 +45,7 @@ from typing import Callable, Optional, Sequence
 
 from mbridge_recompute.errors import InputError
 from mbridge_recompute.runs import bridge, procgroup
+from mbridge_recompute.runs.bridge import Suite
 
 BRIDGE, MLM, PACKAGE = "megatron-bridge", "megatron-lm", "mbridge-recompute"
 GRACE = 5.0                       # seconds between SIGTERM and SIGKILL for pytest's group
@@ -71,15 +72,6 @@ def pytest_collectreport(report):
     if report.failed:
         _write([report.nodeid, "collect", "failed"])
 '''
-
-
-@dataclass(frozen=True)
-class Suite:
-    name: str
-    paths: tuple              # files or node ids, relative to the checkout root
-    keyword: Optional[str]    # a -k expression, or None
-    needs: str                # what the environment must provide, for the reader
-    why: str = ""
 
 
 SUITES = {
@@ -114,12 +106,6 @@ SUITES = {
 DEFAULT_SUITE = {BRIDGE: "core", MLM: "core", PACKAGE: "all"}
 
 
-def bridge_suites(key: str) -> dict:
-    """The Bridge suites of one release (`runs/bridge.py`)."""
-    return {name: Suite(name, s.paths, s.keyword, s.needs, s.why)
-            for name, s in bridge.RELEASES[key].suites.items()}
-
-
 def repo_kind(repo: Path) -> str:
     """Which kind of checkout `repo` is; InputError when none."""
     if (repo / "scripts" / "mbridge_recompute").is_dir():
@@ -134,7 +120,7 @@ def repo_kind(repo: Path) -> str:
 
 
 def pick_suite(kind: str, name: Optional[str], release_key: Optional[str] = None) -> Suite:
-    suites = bridge_suites(release_key or "main") if kind == BRIDGE else SUITES[kind]
+    suites = bridge.RELEASES[release_key or "main"].suites if kind == BRIDGE else SUITES[kind]
     name = name or DEFAULT_SUITE[kind]
     if name not in suites:
         raise InputError("--suite", f"{name!r} is not a suite for a {kind} checkout; choose one of "
