@@ -8,19 +8,21 @@ import typing
 import pytest
 
 from mbridge_recompute.errors import InputError
-from mbridge_recompute.inputs.loading import load_workload, mcore_field_names, parse_override
+from mbridge_recompute.inputs.fields import transformer_config_fields
+from mbridge_recompute.inputs.loading import load_workload, parse_override
 from mbridge_recompute.workload import FIELD_NAMES, Workload
 
 from conftest import EXAMPLES
 
 
 def test_field_list_matches_installed_transformer_config():
-    """data/mcore_fields.txt is exactly the installed megatron-core's TransformerConfig (+MLA) fields."""
+    """The 0.16 field list (data/upstream_fields.json) is exactly the installed megatron-core's
+    TransformerConfig (+MLA) fields."""
     from megatron.core.transformer.transformer_config import MLATransformerConfig, TransformerConfig
 
     installed = {f.name for f in dataclasses.fields(TransformerConfig)}
     installed |= {f.name for f in dataclasses.fields(MLATransformerConfig)}
-    assert mcore_field_names() == installed
+    assert transformer_config_fields("0.16") == installed
 
 
 def test_workload_model_fields_are_real_transformer_config_fields():
@@ -30,7 +32,8 @@ def test_workload_model_fields_are_real_transformer_config_fields():
 
     fields = set(Workload().model_fields())
     later = {name for name in ("cuda_graph_modules",) if not releases.enum(name, releases.target_version())}
-    assert fields - later <= mcore_field_names(), sorted(fields - later - mcore_field_names())
+    names = transformer_config_fields("0.16")
+    assert fields - later <= names, sorted(fields - later - names)
 
 
 def test_workload_defaults_are_megatron_core_defaults():

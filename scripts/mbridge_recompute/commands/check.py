@@ -151,10 +151,7 @@ def _fields_of_other_releases(w, key: str) -> list:
     from mbridge_recompute.inputs import fields
 
     mine = fields.transformer_config_fields(key)
-    others = set()
-    for k in fields.mcore_releases():
-        if k != key:
-            others |= fields.transformer_config_fields(k)
+    others = fields.all_transformer_config_fields() - mine
     given = [n for n, v in w.extra_model.items() if v is not None]
     given += [n for n in ("cuda_graph_modules",) if getattr(w, n, None) is not None]
     return sorted({n for n in given if n not in mine and n in others})

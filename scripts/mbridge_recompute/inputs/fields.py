@@ -86,6 +86,12 @@ def transformer_config_fields(release: str) -> frozenset:
     return frozenset(m["MLATransformerConfig"]) | frozenset(m["TransformerConfig"]) if m else frozenset()
 
 
+@lru_cache(maxsize=1)
+def all_transformer_config_fields() -> frozenset:
+    """The TransformerConfig + MLATransformerConfig fields of any release the card covers."""
+    return frozenset().union(*(transformer_config_fields(key) for key in mcore_releases()))
+
+
 @lru_cache(maxsize=None)
 def known(section: str) -> frozenset:
     """Every key that section `section` of a workload file or Bridge dump may hold."""
@@ -93,11 +99,8 @@ def known(section: str) -> frozenset:
     listed = set(not_relevant(section)) | set(inert_values(section))
     b = bridge()["sections"].get(section, {}).get("fields", [])
     if section == "model":
-        upstream_names = set()
-        for key in mcore_releases():
-            upstream_names |= transformer_config_fields(key)
-        return frozenset(ours | upstream_names | set(bridge()["decoder_provider_fields"]) | set(b)
-                         | LEGACY_MODEL_KEYS | READ_BY_MODEL | {"_target_"})
+        return frozenset(ours | all_transformer_config_fields() | set(bridge()["decoder_provider_fields"])
+                         | set(b) | LEGACY_MODEL_KEYS | READ_BY_MODEL | {"_target_"})
     per_release = {"ddp": "DistributedDataParallelConfig", "optimizer": "OptimizerConfig"}.get(section)
     names = set(ours) | set(b) | listed
     if per_release:

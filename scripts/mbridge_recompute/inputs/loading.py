@@ -20,7 +20,6 @@ parser where it imports (inputs/mlm_args.py).
 from __future__ import annotations
 
 import difflib
-from functools import lru_cache
 from pathlib import Path
 from typing import Any, Iterable, Optional
 
@@ -40,13 +39,6 @@ OLD_SECTIONS = frozenset({"mixed_precision_config", "train_config", "energy_moni
                           "inference"})
 # Top-level keys of ours: `source:` (whose defaults apply) and `cluster:` (the machine).
 OURS_TOP = frozenset({"source", "cluster"})
-
-
-@lru_cache(maxsize=1)
-def mcore_field_names() -> frozenset:
-    """megatron-core 0.16.1's TransformerConfig + MLATransformerConfig fields (data/mcore_fields.txt)."""
-    lines = (DATA / "mcore_fields.txt").read_text().splitlines()
-    return frozenset(x.strip() for x in lines if x.strip() and not x.startswith("#"))
 
 
 def _suggest(key: str, known: Iterable[str]) -> str:

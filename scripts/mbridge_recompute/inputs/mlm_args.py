@@ -188,15 +188,6 @@ def parse(tokens: list, release: str) -> tuple[argparse.Namespace, str, argparse
 
 
 # ---------------------------------------------------------------- namespace -> sections
-def _transformer_fields() -> frozenset:
-    from mbridge_recompute.inputs import fields
-
-    names = set()
-    for key in fields.mcore_releases():
-        names |= fields.transformer_config_fields(key)
-    return frozenset(names)
-
-
 _FREQ_TERM = re.compile(r"\[([01](?:\s*,\s*[01])*)\]\s*\*\s*(\d{1,5})|\[([01](?:\s*,\s*[01])*)\]")
 
 
@@ -240,7 +231,9 @@ def sections(spec: list, release: Optional[str] = None) -> dict:
     key = releases.resolve_version(release) if release else releases.target_version()
     ns, how, parser = parse(tokens, key)
     a = vars(ns)
-    tc = _transformer_fields()
+    from mbridge_recompute.inputs import fields
+
+    tc = fields.all_transformer_config_fields()
     model: dict[str, Any] = {}
     for name, value in a.items():
         value = _plain(value)
