@@ -93,9 +93,10 @@ def _env(pairs) -> dict:
 
 
 def _skill_root() -> Path:
-    """The installed skill's directory (scripts/ and its parent), or the package when pip-installed."""
-    package = Path(__file__).resolve().parents[1]
-    return package.parents[1] if package.parent.name == "scripts" else package
+    """The installed skill's directory, or the package when pip-installed."""
+    from mbridge_recompute import SKILL_ROOT
+
+    return SKILL_ROOT or Path(__file__).resolve().parents[1]
 
 
 def _inside_skill(out: Path) -> bool:

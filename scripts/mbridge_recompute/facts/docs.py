@@ -12,9 +12,10 @@ import re
 import sys
 from pathlib import Path
 
+from mbridge_recompute import SKILL_ROOT
 from mbridge_recompute.facts import card, releases
 
-ROOT = Path(__file__).resolve().parents[3]
+ROOT = SKILL_ROOT or Path(__file__).resolve().parents[3]   # the docs live in the skill's root
 BLOCKS = {                       # block name -> the files that carry it
     "labels": ("SKILL.md", "references/labels.md"),
     "release-differences": ("references/constraints.md",),

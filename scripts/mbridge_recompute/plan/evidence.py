@@ -12,12 +12,10 @@ given.
 from __future__ import annotations
 
 from functools import lru_cache
-from pathlib import Path
 from typing import NamedTuple, Optional
 
-from mbridge_recompute import DATA_DIR
+from mbridge_recompute import SKILL_ROOT
 
-SKILL_ROOT = Path(DATA_DIR).parents[2]
 FAR_RATIO = 3.0
 FAR_POINTS = 1.0
 
@@ -63,9 +61,9 @@ def checks() -> tuple:
 
     out = []
     for ev in card.load().get("evidence", []):
-        path = SKILL_ROOT / ev.get("workload", "")
-        if not ev.get("workload") or not path.is_file():
+        if SKILL_ROOT is None or not ev.get("workload") or not (SKILL_ROOT / ev["workload"]).is_file():
             continue
+        path = SKILL_ROOT / ev["workload"]
         w = load_workload(str(path))
         rows = [(tuple(r["modules"]), _time(r)) for r in ev["rows"]]
         rows = [(m, t) for m, t in rows if t is not None]

@@ -36,6 +36,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Optional
 
+from mbridge_recompute import DATA_DIR
 from mbridge_recompute.logs.runlog import is_option
 
 PERF = "scripts/performance"
@@ -267,7 +268,7 @@ def detect(repo: Optional[Path], forced: Optional[str] = None) -> Detection:
 # ---------------------------------------------------------------- flags
 @lru_cache(maxsize=1)
 def _flag_data() -> dict:
-    path = Path(__file__).resolve().parents[1] / "data" / "bridge_harness_flags.json"
+    path = DATA_DIR / "bridge_harness_flags.json"
     return json.loads(path.read_text(encoding="utf-8"))["releases"]
 
 
