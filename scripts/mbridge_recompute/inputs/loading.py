@@ -163,8 +163,9 @@ def _apply_defaults(data: dict, source: str) -> None:
 
 
 # ---------------------------------------------------------------- sections -> fields
-def _sections_to_fields(data: dict, origin: str, provider: Optional[str]) -> tuple[dict, dict, list]:
-    """Map the file's sections onto Workload fields. Returns (fields, extra_model, not_modelled)."""
+def _sections_to_fields(data: dict, provider: Optional[str]) -> tuple[dict, dict, list]:
+    """Map the file's sections onto Workload fields. Returns (fields, extra_model, not_modelled).
+    The model section is read first, so a field's own section, read later, wins."""
     out: dict[str, Any] = {}
     extra: dict[str, Any] = {}
     notes: list[str] = []
@@ -172,19 +173,19 @@ def _sections_to_fields(data: dict, origin: str, provider: Optional[str]) -> tup
     bridge_sections = upstream_fields.sections()
     for section in data:
         if not isinstance(section, str):
-            raise InputError(origin or "workload", f"section names must be text, got {values.short(section)}")
+            raise InputError("workload", f"section names must be text, got {values.short(section)}")
         if section in read or section in OURS_TOP or section.startswith("_"):
             continue
         if section in bridge_sections or section in OLD_SECTIONS:
             body = data[section]
-            if isinstance(body, dict) and section in ("dist", "train", "dataset"):
+            if isinstance(body, dict) and section in ("dist", "dataset"):
                 notes += upstream_fields.not_modelled(section, body)
             continue
         top = set(read) | set(bridge_sections) | OURS_TOP
-        raise InputError(f"{origin}{section}", f"unknown section{_suggest(section, top)}")
+        raise InputError(section, f"unknown section{_suggest(section, top)}")
     for section in read:
         body = data.get(section)
-        where = f"{origin}{section}"
+        where = section
         if body is None:
             continue               # `comm_overlap: null` in a dump: the section is absent
         if not isinstance(body, dict):
@@ -200,8 +201,7 @@ def _sections_to_fields(data: dict, origin: str, provider: Optional[str]) -> tup
                 value = None     # 0 is no MTP: megatron-core tests `if config.mtp_num_layers`
                 #                  (models/gpt/gpt_model.py:686 @ core_v0.19.2); Hybrid providers default to 0
             if key in ours:
-                if section != "model" or FIELDS[key].metadata["section"] == "model" or key not in out:
-                    out[key] = values.coerce(key, value, kw)
+                out[key] = values.coerce(key, value, kw)
             elif key == "first_k_dense_replace":
                 out["_first_k_dense"] = (value, kw)
             elif key in known:
@@ -261,7 +261,7 @@ def load_workload(path: str | None = None, sets: Iterable[str] = (), model: str 
     runtime_notes += bridge.normalise_model(data)
     _apply_defaults(data, source)
     provider = bridge.provider_family(data)
-    fields, extra, notes = _sections_to_fields(data, "", provider)
+    fields, extra, notes = _sections_to_fields(data, provider)
     first_k = fields.pop("_first_k_dense", None)
     if first_k is not None and "moe_layer_freq" not in fields:
         value, where = first_k
