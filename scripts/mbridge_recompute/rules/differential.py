@@ -445,10 +445,9 @@ def cited_message_problems() -> list:
     from mbridge_recompute.facts import card, releases
 
     key = releases.target_version()
-    root = Path(mc.__file__).parent
-    files = {"tc": root / "transformer" / "transformer_config.py", "mpc": root / "model_parallel_config.py",
-             "cgc": root / "transformer" / "cuda_graph_config.py",
-             "ppl": root / "transformer" / "pipeline_parallel_layer_layout.py"}
+    # the card's abbreviations are paths from the checkout root (megatron/core/...)
+    checkout = Path(mc.__file__).parents[2]
+    files = {a: checkout / card.load()["abbreviations"][a] for a in ("tc", "mpc", "cgc", "ppl")}
     problems = []
     for c in card.constraints():
         entry = card.constraint_at(c["id"], key)

@@ -36,8 +36,7 @@ from mbridge_recompute.rules import builtin
 from mbridge_recompute.rules.findings import finding, report
 
 # The files whose raise/warn sites __post_init__ runs, by the card's abbreviations.
-CONFIG_FILES = {"tc": "transformer_config.py", "mpc": "model_parallel_config.py",
-                "cgc": "cuda_graph_config.py"}
+CONFIG_FILES = {a: PurePath(card.load()["abbreviations"][a]).name for a in ("tc", "mpc", "cgc")}
 # Workload fields a release may lack: when set they are passed anyway, so the installed
 # TransformerConfig refuses them as it would (TypeError: unexpected keyword argument).
 ABSENT_FIELD_RULES = frozenset({"cuda_graph_modules"})   # cuda-graph-modules-not-in-release
