@@ -2,7 +2,8 @@
 
 Writing, so that nothing the user owns is overwritten by surprise: `check_target` refuses an
 output path before any work is done (a directory, a missing parent, an existing file without
---force, a symlink); `write` then creates the file exclusively (`O_EXCL | O_NOFOLLOW`), or with
+--force, a symlink, and anything that exists and is not a regular file -- a FIFO, a socket or a
+device -- even with --force); `write` then creates the file exclusively (`O_EXCL | O_NOFOLLOW`), or with
 --force replaces it atomically: the data goes to a fresh temporary file in the same directory
 (created exclusively, so a planted link is never followed), which `os.replace` moves over the
 target, so a symlink planted at the path is replaced, never followed, and a reader never sees
@@ -40,17 +41,39 @@ _NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
 
 # ---------------------------------------------------------------- writing
 def check_target(path: Path, force: bool, field: str, suffixes: tuple = ()) -> None:
-    """InputError naming `field` unless `path` may be written."""
+    """InputError naming `field` unless `path` may be written.
+
+    Only a regular file is ever replaced, and only with `force`: a FIFO, a socket or a device
+    node (`/dev/null`) is refused whatever the flags, because replacing it with a plain file
+    would destroy something that is not the user's output (as root, a system device).
+    """
+    path = Path(path)
+    if not str(path).strip():
+        raise InputError(field, "is empty")
     if suffixes and path.suffix.lower() not in suffixes:
         raise InputError(field, f"{path}: use a {', '.join(suffixes)} file name")
-    if path.is_symlink():
-        raise InputError(field, f"{path} is a symbolic link; give the file itself")
-    if path.is_dir():
-        raise InputError(field, f"{path} is a directory")
-    if path.exists() and not force:
-        raise InputError(field, f"{path} exists; pass --force to overwrite it")
+    _refuse_existing(path, force, field)
     if not path.parent.is_dir():
         raise InputError(field, f"no such directory: {path.parent}")
+
+
+def _refuse_existing(path: Path, force: bool, field: str) -> None:
+    """InputError unless nothing is at `path`, or (with `force`) a regular file is."""
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        return
+    except (OSError, ValueError) as exc:        # ValueError: an embedded NUL
+        raise InputError(field, f"cannot use {path}: {getattr(exc, 'strerror', None) or exc}") from None
+    if stat.S_ISLNK(st.st_mode):
+        raise InputError(field, f"{path} is a symbolic link; give the file itself")
+    if stat.S_ISDIR(st.st_mode):
+        raise InputError(field, f"{path} is a directory")
+    if not stat.S_ISREG(st.st_mode):
+        raise InputError(field, f"{path} is not a regular file (a device, pipe or socket is never "
+                                "replaced, not even with --force)")
+    if not force:
+        raise InputError(field, f"{path} exists; pass --force to overwrite it")
 
 
 def write(path: Path, data: bytes | str, force: bool, field: str) -> None:
@@ -69,7 +92,10 @@ def write(path: Path, data: bytes | str, force: bool, field: str) -> None:
             with os.fdopen(fd, "wb") as fh:
                 fh.write(blob)
             os.chmod(tmp, 0o644)
-            os.replace(tmp, path)         # replaces a link at `path` itself, never its target
+            # asked again right before the swap: what was checked at start-up may have been
+            # replaced by a FIFO or a device since (the work between can take minutes)
+            _refuse_existing(path, True, field)
+            os.replace(tmp, path)         # replaces a regular file at `path`, nothing else
         except BaseException:
             Path(tmp).unlink(missing_ok=True)
             raise
