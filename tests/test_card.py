@@ -1,8 +1,8 @@
 """The card is well-formed, the top-level copy is the package's, and the guide agrees with it.
 
-Facts live once, in scripts/mbridge_recompute/data/card.yaml. SKILL.md and
-references/evidence.md repeat the label table and the evidence tables for readers;
-these tests fail as soon as either drifts from the card. After editing the card,
+Facts live once, in scripts/mbridge_recompute/data/card.yaml. SKILL.md and references/
+carry blocks generated from it (labels, rules, limitations) and references/evidence.md the
+evidence tables; these tests fail as soon as either drifts from the card. After editing the card,
 refresh the top-level copy with:
 
     cp scripts/mbridge_recompute/data/card.yaml card.yaml
@@ -181,18 +181,55 @@ def test_guide_tables_are_the_ones_the_card_renders():
     assert docs.stale_blocks() == []
 
 
-def test_guide_table_check_fails_when_a_table_drifts(tmp_path):
-    for f in ("SKILL.md", "references/labels.md", "references/constraints.md"):
+def _copy_docs(tmp_path):
+    for f in {f for files in docs.BLOCKS.values() for f in files}:
         (tmp_path / f).parent.mkdir(parents=True, exist_ok=True)
         (tmp_path / f).write_text((ROOT / f).read_text())
-    skill = tmp_path / "SKILL.md"
-    text = skill.read_text()
+
+
+def test_guide_table_check_fails_when_a_table_drifts(tmp_path):
+    _copy_docs(tmp_path)
+    labels = tmp_path / "references" / "labels.md"
+    text = labels.read_text()
     drifted = re.sub(r"(\| `mhc` \| )– \|", r"\1yes |", text, count=1)   # mhc present in 0.16
     assert drifted != text
-    skill.write_text(drifted)
-    assert docs.stale_blocks(tmp_path) == ["SKILL.md: block labels differs from the card"]
+    labels.write_text(drifted)
+    assert docs.stale_blocks(tmp_path) == ["references/labels.md: block labels differs from the card"]
     docs.write(tmp_path)
-    assert docs.stale_blocks(tmp_path) == [] and skill.read_text() == text
+    assert docs.stale_blocks(tmp_path) == [] and labels.read_text() == text
+
+
+def test_skill_label_releases_check_fails_when_a_label_moves(tmp_path):
+    _copy_docs(tmp_path)
+    skill = tmp_path / "SKILL.md"
+    text = skill.read_text()
+    drifted = text.replace("`gdp_qkv`, `mhc`.", "`gdp_qkv`.", 1)
+    assert drifted != text
+    skill.write_text(drifted)
+    assert docs.stale_blocks(tmp_path) == ["SKILL.md: block label-releases differs from the card"]
+
+
+def test_skill_names_main_only_labels_as_in_no_release():
+    """The labels SKILL.md calls main-only are exactly the card's labels that no numbered
+    release accepts (so 'upgrade megatron-core' cannot fix their Invalid choices error)."""
+    line = next(ln for ln in docs.label_releases().split("\n- ") if "in no release" in ln)
+    named = set(re.findall(r"`(\w+)`", line))
+    numbered = [k for k in card.load()["releases"] if k != "main"]
+    from mbridge_recompute.facts import releases
+
+    want = {e["label"] for e in card.load()["labels"]
+            if not any(releases.in_range(k, e["releases"]) for k in numbered)}
+    assert named == want == {"gdp_in_proj", "gdp_qkv", "mhc"}
+
+
+def test_table_cells_escape_a_pipe_instead_of_rewriting_it():
+    """A hybrid pattern's `|` (pipeline stage) and `/` mean different things: a constraint
+    cell keeps the `|`, escaped for markdown."""
+    tables = docs.constraint_tables()
+    row = next(ln for ln in tables.splitlines() if ln.startswith("| `hybrid-vpp-needs-pipes` |"))
+    assert "without '\\|' separators" in row and "'/'" not in row
+    cells = re.split(r"(?<!\\)\|", row.strip().strip("|"))
+    assert len(cells) == 5
 
 
 def test_label_matrix_lists_each_label_in_the_releases_the_card_names():
@@ -204,20 +241,15 @@ def test_label_matrix_lists_each_label_in_the_releases_the_card_names():
     assert set(rows) == {e["label"] for e in card.load()["labels"]}
 
 
-def test_skill_evidence_tables_agree_with_card_evidence():
-    assert evidence_mismatches(SKILL.read_text(), card.load()) == []
-
-
 def test_reference_evidence_tables_agree_with_card_evidence():
     assert evidence_mismatches(EVIDENCE_DOC.read_text(), card.load()) == []
 
 
-def test_evidence_check_fails_when_a_number_drifts(tmp_path):
-    text = SKILL.read_text()
+def test_evidence_check_fails_when_a_number_drifts():
+    text = EVIDENCE_DOC.read_text()
     drifted = text.replace("| 466.26 |", "| 466.62 |", 1)
     assert drifted != text
-    (tmp_path / "SKILL.md").write_text(drifted)
-    problems = evidence_mismatches((tmp_path / "SKILL.md").read_text(), card.load())
+    problems = evidence_mismatches(drifted, card.load())
     assert problems == ["moonlight_16b_selective_h100 ['moe_act']: step_time_ms 466.62 in the "
                         "table, card has 466.26"]
 
@@ -228,13 +260,13 @@ def test_evidence_check_fails_when_the_card_drifts(tmp_path):
     data["evidence"][1]["rows"][4]["outcome"] = "oom_in_iteration_1"
     (tmp_path / "card.yaml").write_text(yaml.safe_dump(data, sort_keys=False))
     drifted = yaml.safe_load((tmp_path / "card.yaml").read_text())
-    problems = evidence_mismatches(SKILL.read_text(), drifted)
+    problems = evidence_mismatches(EVIDENCE_DOC.read_text(), drifted)
     assert any("llama3_70b_fp8_sft_h100 ['mlp']: peak_memory_gb" in p for p in problems)
     assert any("nemotron3_nano_capacity_h100 ['moe']: outcome" in p for p in problems)
 
 
 def test_evidence_check_fails_when_a_row_or_approximation_drifts():
-    text = SKILL.read_text()
+    text = EVIDENCE_DOC.read_text()
     assert any("['mlp', 'core_attn']" in p for p in
                evidence_mismatches(text.replace("| `mlp`, `core_attn` |", "| `core_attn`, `mlp` |"),
                                    card.load()))
@@ -375,36 +407,25 @@ def evidence_condition_mismatches(doc_text: str, card_data: dict) -> list[str]:
     return problems
 
 
-def test_skill_evidence_prose_states_each_workload():
-    assert evidence_condition_mismatches(SKILL.read_text(), card.load()) == []
+def test_evidence_prose_states_each_workload():
+    assert evidence_condition_mismatches(EVIDENCE_DOC.read_text(), card.load()) == []
 
 
 def test_evidence_prose_check_fails_when_a_condition_drifts():
-    drifted = SKILL.read_text().replace("GBS 32;", "GBS 64;", 1)
+    drifted = EVIDENCE_DOC.read_text().replace("GBS 32 |", "GBS 64 |", 1)
     assert evidence_condition_mismatches(drifted, card.load()) == [
         "llama3_70b_fp8_sft_h100: prose lacks 'GBS 32'"]
 
 
 # ---------------------------------------------------------------- limitations
 
-def limitation_mismatches(skill_text: str, card_data: dict) -> list[str]:
-    """SKILL.md's Known limitations are the card's limitation texts, in order (backticks and
-    line wrapping aside)."""
-    section = skill_text.split("## Known limitations", 1)[1].split("\n## ", 1)[0]
-    bullets = [" ".join(b.replace("`", "").split()) for b in re.split(r"\n- ", "\n" + section)[1:]]
-    wanted = [" ".join(e["text"].split()) for e in card_data["limitations"]]
-    problems = [f"card limitation {w[:60]!r}... is not in SKILL.md" for w in wanted if w not in bullets]
-    problems += [f"SKILL.md limitation {b[:60]!r}... is not in the card" for b in bullets if b not in wanted]
-    return problems
-
-
-def test_skill_known_limitations_are_the_card_limitations():
-    assert limitation_mismatches(SKILL.read_text(), card.load()) == []
-
-
-def test_limitation_check_fails_when_one_drifts():
-    drifted = SKILL.read_text().replace("none of it ranks labels in general", "it ranks labels", 1)
-    assert len(limitation_mismatches(drifted, card.load())) == 2
+def test_known_limitations_are_the_card_limitations_in_card_order():
+    """references/memory-model.md's Known limitations block is rendered from the card, one
+    bullet per limitation (stale_blocks holds it to the card)."""
+    block = docs.limitations()
+    bullets = [" ".join(b.split()) for b in re.split(r"^- ", block, flags=re.M)[1:]]
+    assert bullets == [" ".join(e["text"].split()) for e in card.load()["limitations"]]
+    assert "<!-- card:limitations -->\n" + block in (ROOT / "references" / "memory-model.md").read_text()
 
 
 def test_every_citation_abbreviation_is_defined_in_the_card_legend():

@@ -1,4 +1,6 @@
-"""One test per checkable claim of SKILL.md, named after the claim.
+"""One test per checkable claim of SKILL.md (and of the reference pages its claims moved to:
+the label matrix in references/labels.md, the symptom table in references/troubleshooting.md),
+named after the claim.
 
 Claims about megatron-core are tested against the installed megatron-core 0.16.1
 (real `TransformerConfig`, real checkpoint utilities); claims about what the tools
@@ -26,6 +28,8 @@ from mbridge_recompute.facts import releases
 from conftest import EXAMPLES, ROOT, run_script
 
 SKILL_TEXT = (ROOT / "SKILL.md").read_text()
+LABELS_TEXT = (ROOT / "references" / "labels.md").read_text()
+TROUBLE_TEXT = (ROOT / "references" / "troubleshooting.md").read_text()
 BASE = dict(num_layers=8, hidden_size=64, num_attention_heads=4)
 
 
@@ -106,14 +110,15 @@ def test_claim_labels_are_validated_only_under_selective(TransformerConfig):
 
 
 def test_claim_label_table_for_the_installed_release_is_its_megatron_core_set(TransformerConfig):
-    """The SKILL.md label matrix (rendered from the card) names, for the installed release, the
-    set its TransformerConfig accepts (read from the error it raises for an unknown label)."""
+    """The label matrix of references/labels.md (rendered from the card, as SKILL.md's label
+    list is) names, for the installed release, the set its TransformerConfig accepts (read from
+    the error it raises for an unknown label)."""
     message = raised(TransformerConfig, recompute_granularity="selective",
                      recompute_modules=["__probe__"])
     allowed = ast.literal_eval(message.split("Allowed modules are: ")[1])
     key = releases.target_version()
     column = releases.keys().index(key)
-    rows = [line for line in SKILL_TEXT.split("<!-- card:labels -->", 1)[1].split("<!--", 1)[0].splitlines()
+    rows = [line for line in LABELS_TEXT.split("<!-- card:labels -->", 1)[1].split("<!--", 1)[0].splitlines()
             if line.startswith("| `")]
     shown = {r.split("|")[1].strip(" `") for r in rows if r.split("|")[2 + column].strip() == "yes"}
     assert shown == allowed
@@ -295,13 +300,23 @@ QUOTED = [
 
 @pytest.mark.parametrize("fields,message", QUOTED, ids=[m[:40] for _, m in QUOTED])
 def test_claim_quoted_messages_are_the_installed_megatron_core_messages(TransformerConfig, fields, message):
-    assert f"`{message}`" in SKILL_TEXT
+    assert f"`{message}`" in TROUBLE_TEXT
     assert raised(TransformerConfig, **fields) == message
 
 
 def test_claim_mhc_is_not_a_0_16_1_label(TransformerConfig):
     assert "{'mhc'}" in raised(TransformerConfig, recompute_granularity="selective",
                                recompute_modules=["mhc"])
+
+
+def test_claim_mhc_and_gdp_labels_are_fixed_by_dropping_them_not_by_upgrading():
+    """No megatron-core release has mhc or a gdp_* label (main only, tc @ core_v0.19.0 lists
+    neither), so the symptom table's fix for their Invalid choices error is to drop them."""
+    numbered = [k for k in releases.keys() if k != "main"]
+    for label in ("mhc", "gdp_in_proj", "gdp_qkv"):
+        assert not any(label in releases.labels_for(k) for k in numbered), label
+    row = next(ln for ln in TROUBLE_TEXT.splitlines() if "{'mhc'}" in ln and ln.startswith("|"))
+    assert "upgrade" not in row.split("|")[3] and "drop it" in row.split("|")[3]
 
 
 # ---------------------------------------------------------------- tests that run nothing

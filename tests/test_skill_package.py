@@ -8,6 +8,7 @@ after the skill, as an installed skill would be laid out.
 from __future__ import annotations
 
 import json
+import math
 import re
 import shutil
 import subprocess
@@ -95,6 +96,35 @@ def test_skill_md_is_at_most_500_lines():
     assert len(SKILL.read_text().splitlines()) <= 500
 
 
+# No tokenizer installs offline (tiktoken and Hugging Face tokenizers download their
+# vocabularies), so the budget is a stated, conservative bound: English prose with code spans
+# runs at about 4 characters per BPE token; counting 3.5 overestimates the tokens.
+CHARS_PER_TOKEN = 3.5
+TOKEN_BUDGET = 5000
+
+
+def estimated_tokens(text: str) -> int:
+    return math.ceil(len(text) / CHARS_PER_TOKEN)
+
+
+def test_skill_md_is_at_most_5000_tokens_at_3_5_characters_per_token():
+    """The whole file, frontmatter included (what an agent loads on activation)."""
+    text = SKILL.read_text()
+    assert estimated_tokens(text) <= TOKEN_BUDGET, (
+        f"SKILL.md is about {estimated_tokens(text)} tokens ({len(text)} characters / "
+        f"{CHARS_PER_TOKEN}); move depth to references/")
+
+
+def test_token_bound_counts_a_file_over_budget():
+    assert estimated_tokens("x" * int(TOKEN_BUDGET * CHARS_PER_TOKEN)) == TOKEN_BUDGET
+    assert estimated_tokens("x" * (int(TOKEN_BUDGET * CHARS_PER_TOKEN) + 1)) > TOKEN_BUDGET
+
+
+def test_skill_md_lines_are_at_most_100_characters():
+    wide = [(i, len(ln)) for i, ln in enumerate(SKILL.read_text().splitlines(), 1) if len(ln) > 100]
+    assert wide == []
+
+
 def test_skill_md_has_instructions_and_examples_sections():
     headings = re.findall(r"^## (.+)$", SKILL.read_text(), flags=re.M)
     assert "Instructions" in headings and "Examples" in headings
@@ -157,11 +187,12 @@ def test_path_check_catches_a_missing_script_and_a_dead_anchor(tmp_path):
 def test_skill_md_links_every_reference_and_says_when_to_read_it():
     names = {p.name for p in REFERENCES}
     assert REQUIRED_REFERENCES <= names
-    text = SKILL.read_text()
+    # a bullet or paragraph (lines joined) that links the reference also says when to read it
+    items = re.split(r"\n(?=- )|\n\n", SKILL.read_text())
     for name in names:
-        lines = [ln for ln in text.splitlines() if f"](references/{name})" in ln]
-        assert lines, f"SKILL.md does not link references/{name}"
-        assert any("Read" in ln for ln in lines), f"SKILL.md does not say when to read {name}"
+        linking = [it for it in items if f"](references/{name})" in it]
+        assert linking, f"SKILL.md does not link references/{name}"
+        assert any("Read" in it for it in linking), f"SKILL.md does not say when to read {name}"
 
 
 def test_long_references_have_a_table_of_contents():

@@ -1,6 +1,6 @@
 """Schema of `card.yaml`: field names and types, checked without extra dependencies.
 
-The card is read by code (labels, rules), by SKILL.md's tables and by people, so
+The card is read by code (labels, rules), by the guide's generated blocks and by people, so
 a typo there is a bug everywhere. `validate(card)` returns a list of problems
 (empty when the card is well-formed); each names the path of the bad field, e.g.
 `evidence[1].rows[3].peak_allocated_gb: expected a number, got 'n/a'`.

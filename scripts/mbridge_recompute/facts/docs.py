@@ -1,5 +1,5 @@
-"""The card as the markdown tables the guide shows: labels by release, the rules that differ
-between releases, and every constraint with its exact message per release.
+"""The card as the markdown the guide shows: labels by release, the rules that differ between
+releases, every constraint with its exact message per release, and the known limitations.
 
 SKILL.md and references/ hold these tables between `<!-- card:NAME -->` and
 `<!-- /card:NAME -->` markers; tests/test_card.py fails when a block differs from what the card
@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import re
 import sys
+import textwrap
 from pathlib import Path
 
 from mbridge_recompute import SKILL_ROOT
@@ -17,10 +18,13 @@ from mbridge_recompute.facts import card, releases
 
 ROOT = SKILL_ROOT or Path(__file__).resolve().parents[3]   # the docs live in the skill's root
 BLOCKS = {                       # block name -> the files that carry it
-    "labels": ("SKILL.md", "references/labels.md"),
+    "label-releases": ("SKILL.md",),
+    "labels": ("references/labels.md",),
     "release-differences": ("references/constraints.md",),
     "constraints": ("references/constraints.md",),
+    "limitations": ("references/memory-model.md",),
 }
+WIDTH = 100                      # SKILL.md's line limit
 KIND_TITLES = {
     "config": "TransformerConfig / ModelParallelConfig `__post_init__` (raised when the config is built)",
     "training-args": "Megatron-LM training arguments (`megatron/training/arguments.py`)",
@@ -44,6 +48,43 @@ def label_matrix() -> str:
         out.append(f"| `{e['label']}` | " + " | ".join(cells)
                    + f" | {e['boundary']} | {'yes' if e['needs_te'] else 'no'} |")
     return "\n".join(out)
+
+
+def _span(spec: str) -> str:
+    """A label's `releases` spec as a phrase: which releases have it."""
+    numbered = [k for k in releases.keys() if k != "main"]
+    lo, _, hi = spec.partition("-")
+    hi = hi or lo
+    if (lo, hi) == ("main", "main"):
+        return "Megatron-LM main only, in no release"
+    if hi == "main":
+        if lo == numbered[0]:
+            return f"every release ({numbered[0]} to {numbered[-1]}) and main"
+        return f"from {lo} (and main)"
+    return f"{lo} only" if lo == hi else f"{lo} to {hi}, not main"
+
+
+def _bullet(text: str) -> str:
+    return textwrap.fill(text, WIDTH, initial_indent="- ", subsequent_indent="  ",
+                         break_on_hyphens=False, break_long_words=False)
+
+
+def label_releases() -> str:
+    """Which releases accept which labels, and which labels need Transformer Engine, as bullets
+    that fit SKILL.md's width (the full matrix is references/labels.md's)."""
+    by_span: dict[str, list[str]] = {}
+    for e in card.load()["labels"]:
+        by_span.setdefault(e["releases"], []).append(f"`{e['label']}`")
+    out = [_bullet(f"{_span(spec)[0].upper()}{_span(spec)[1:]}: {', '.join(names)}.")
+           for spec, names in by_span.items()]
+    te = [f"`{e['label']}`" for e in card.load()["labels"] if e["needs_te"]]
+    out.append(_bullet(f"Transformer Engine needed at runtime, even in bf16: {', '.join(te)}."))
+    return "\n".join(out)
+
+
+def limitations() -> str:
+    """The card's known limitations, one bullet each, in card order."""
+    return "\n".join(_bullet(e["text"]) for e in card.load()["limitations"])
 
 
 def _differs(c: dict) -> bool:
@@ -77,12 +118,18 @@ def release_differences() -> str:
     return "\n".join(out)
 
 
+def _table_text(text: str) -> str:
+    """Text for a markdown table cell: a `|` is escaped, never rewritten (a hybrid pattern's
+    `|` and an MTP `/` mean different things)."""
+    return text.replace("|", "\\|")
+
+
 def _message_cell(text: str) -> str:
     if not text:
         return "(bare `assert`, no message)"
     if text in ("runtime only", "silent no-op"):
         return text
-    return "`" + text.replace("|", "\\|").replace("`", "'") + "`"
+    return "`" + _table_text(text).replace("`", "'") + "`"
 
 
 def constraint_tables() -> str:
@@ -101,14 +148,15 @@ def constraint_tables() -> str:
                 where = "; ".join(f"{k}: {c['at'][k]}" for k in keys)
                 parts.append(f"{_message_cell(message)} ({where})")
             raises = sorted({card.constraint_at(c["id"], k).get("raises") or "" for k in c["at"]} - {""})
-            out.append(f"| `{c['id']}` | {c['condition'].replace('|', '/')} | " + "<br>".join(parts)
-                       + f" | {', '.join(raises) or '–'} | {c['fix'].replace('|', '/')} |")
+            out.append(f"| `{c['id']}` | {_table_text(c['condition'])} | " + "<br>".join(parts)
+                       + f" | {', '.join(raises) or '–'} | {_table_text(c['fix'])} |")
         out.append("")
     return "\n".join(out).rstrip()
 
 
-RENDER = {"labels": label_matrix, "release-differences": release_differences,
-          "constraints": constraint_tables}
+RENDER = {"label-releases": label_releases, "labels": label_matrix,
+          "release-differences": release_differences, "constraints": constraint_tables,
+          "limitations": limitations}
 
 
 def block(name: str) -> str:
