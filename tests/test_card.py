@@ -446,3 +446,105 @@ def test_every_citation_abbreviation_is_defined_in_the_card_legend():
     for loc in (v for c in card.constraints() for v in c["at"].values()):
         name = re.match(r"[\w./-]+?(?=:)", loc).group(0)
         assert name in legend or "/" in name or name.endswith(".py"), loc
+
+
+# ---------------------------------------------------------------- release-dependent prose
+
+PROSE = [ROOT / "SKILL.md", ROOT / "README.md", *sorted((ROOT / "references").glob("*.md"))]
+
+
+def _numbered() -> list[str]:
+    return [k for k in card.load()["releases"] if k != "main"]
+
+
+def test_release_spans_in_prose_are_the_cards_first_and_last_release():
+    """'megatron-core 0.16 to 0.19' (and the like) in the guide and the card's limitations name
+    the card's oldest and newest numbered release."""
+    want = f"{_numbered()[0]} to {_numbered()[-1]}"
+    texts = {p.name: p.read_text() for p in PROSE}
+    texts["card limitations"] = " ".join(e["text"] for e in card.load()["limitations"])
+    spans = {(name, m) for name, t in texts.items() for m in re.findall(r"\b0\.\d+ to 0\.\d+\b", t)}
+    assert spans and {m for _, m in spans} == {want}, spans
+
+
+def test_main_commit_in_prose_is_the_cards():
+    commit = card.load()["releases"]["main"]["commit"]
+    texts = [p.read_text() for p in PROSE] + [e["text"] for e in card.load()["limitations"]]
+    named = {h for t in texts for h in re.findall(r"Megatron-LM main (?:at )?([0-9a-f]{7,40})\b", t)}
+    assert named == {commit}
+
+
+def test_skill_metadata_names_each_releases_newest_patch_and_main():
+    head = yaml.safe_load(SKILL.read_text()[4:].split("\n---\n", 1)[0])
+    rel = card.load()["releases"]
+    want = ", ".join(rel[k]["newest"] for k in _numbered()) + f" and Megatron-LM main {rel['main']['commit']}"
+    assert head["metadata"]["mcore-versions"] == want
+
+
+def _since(cid: str) -> list[str]:
+    return [ch["since"] for ch in next(c for c in card.constraints() if c["id"] == cid).get("changes", [])]
+
+
+@pytest.mark.parametrize("cid", ["shared-expert-overlap-needs-alltoall", "ep-overlap-cuda-graph-scope"])
+def test_a_rule_change_is_attributed_to_the_release_it_arrived_in(cid):
+    """flex with shared-expert overlap and local graphs with EP overlap arrived in 0.18
+    (transformer_config.py @ core_v0.18.2), not on main; the condition text says so."""
+    c = next(c for c in card.constraints() if c["id"] == cid)
+    assert re.findall(r"\bfrom (\d+\.\d+|main)\b", c["condition"]) == _since(cid) == ["0.18"]
+
+
+def test_full_iteration_graph_impl_is_attributed_to_the_release_that_added_it():
+    c = next(c for c in card.constraints() if c["id"] == "cuda-graph-impl-invalid")
+    first = next(r["releases"].split("-")[0] for r in card.load()["enums"]["cuda_graph_impl"]
+                 if "full_iteration" in r["values"])
+    assert re.findall(r"from (\S+) full_iteration", c["condition"]) == [first] == ["0.18"]
+
+
+def test_no_condition_calls_a_change_main_only_when_a_release_has_it():
+    """A rule text that says what main does must be about a change that arrived on main, or a
+    rule that holds only there, or name a label only main has."""
+    main_only = {e["label"] for e in card.load()["labels"] if e["releases"] == "main"}
+    wrong = []
+    for c in card.constraints():
+        text = c["condition"]
+        if not re.search(r"\bmain\b", text):
+            continue
+        if "main" in _since(c["id"]) or set(c["at"]) == {"main"} or main_only & set(re.findall(r"\w+", text)):
+            continue
+        wrong.append(c["id"])
+    assert wrong == []
+
+
+def test_label_caveats_name_the_release_a_rejection_arrived_in():
+    moe = next(e for e in card.load()["labels"] if e["label"] == "moe")
+    caveat = next(x for x in moe["caveats"] if "EP A2A overlap" in x)
+    rejected_from = next(iter(next(c for c in card.constraints()
+                                   if c["id"] == "ep-overlap-with-moe-recompute")["at"]))
+    assert caveat.endswith(f"rejected by the config from {rejected_from}") and rejected_from == "0.17"
+
+
+def test_labels_reference_dates_gdn_norm_out_and_the_graph_capture_skip_by_the_card():
+    """references/labels.md: gdn_norm_out is a 0.19 label and the CUDA-graph checkpoint skip holds
+    from 0.18 (random.py:642-648 @ core_v0.18.2), as the card says; neither is 'main only'."""
+    text = (ROOT / "references" / "labels.md").read_text()
+    gdn = next(e for e in card.load()["labels"] if e["label"] == "gdn_norm_out")["releases"].split("-")[0]
+    assert f"### From {gdn}: `gdn_norm_out`" in text
+    skip = next(iter(next(c for c in card.constraints()
+                          if c["id"] == "recompute-inside-cuda-graph-capture")["at"]))
+    row = next(ln for ln in text.splitlines() if "per-layer CUDA-graph capture" in ln)
+    assert f"from {skip}" in row and "main only" not in row
+    main_only = next(ln for ln in text.splitlines() if ln.startswith("### Main only"))
+    assert set(re.findall(r"`(\w+)`", main_only)) == {
+        e["label"] for e in card.load()["labels"] if e["releases"] == "main"}
+
+
+def test_every_citation_abbreviation_names_a_file_of_megatron_lm():
+    """The card's abbreviations are paths in Megatron-LM; `recompute.py` is
+    megatron/core/recompute.py (tb imports checkpointed_forward from it, transformer_block.py:23
+    @ core_v0.18.2), not megatron/core/transformer/recompute.py, which no tag has."""
+    legend = card.load()["abbreviations"]
+    assert legend["recompute.py"] == "megatron/core/recompute.py"
+    for abbr, path in legend.items():
+        assert path.startswith("megatron/") and path.endswith(".py"), abbr
+        if abbr.endswith(".py"):
+            assert path.endswith("/" + abbr), (abbr, path)

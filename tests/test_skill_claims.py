@@ -444,6 +444,21 @@ def test_claim_the_tools_say_which_release_they_checked_against():
     assert default["release"]["key"] == "0.16" and default["release"]["how"]
 
 
+def test_claim_the_release_is_the_flag_else_the_installed_one_else_the_newest_the_card_covers(monkeypatch):
+    """SKILL.md step 1 and cli-reference's --mcore-version default: the flag wins over the
+    installed megatron-core, and with none installed the newest numbered release of the card
+    applies (not the oldest)."""
+    assert "`--mcore-version VER`, else the installed megatron-core, else the newest release" in SKILL_TEXT
+    assert releases.target("0.17.1").key == "0.17"          # the flag over the installed 0.16.1
+    monkeypatch.setattr(releases, "installed_mcore_version", lambda: None)
+    newest = [k for k in releases.keys() if k != "main"][-1]
+    chosen = releases.target()
+    assert chosen.key == newest and chosen.requested == releases.meta(newest)["newest"]
+    cli = (ROOT / "references" / "cli-reference.md").read_text()
+    row = next(ln for ln in cli.splitlines() if ln.startswith("| `--mcore-version VER`"))
+    assert "else the newest release the card covers" in row
+
+
 def test_claim_an_h100_80gb_reports_79_11_gib_and_the_budget_keeps_a_margin():
     d = _plan("--set", "cluster.gpu=h100-80gb", "--mcore-version", "0.19.2")
     cap = d["workload"]["gpu_capacity_bytes"]
