@@ -89,7 +89,9 @@ def test_measured_compare_report_anchors_the_control(run_tool, tmp_path, moonlig
     assert p.returncode in (0, 1), p.stderr
     r = json.loads(p.stdout)
     control = next(c for c in r["candidates"] if c["name"] == "[]")
-    assert control["peak_bytes"] == 36_618_000_000
+    residual = r["ranks"][0]["static"]["residual"]
+    assert control["peak_bytes"] == 36_618_000_000 + residual     # allocated + what it leaves out
+    assert r["calibration"]["setting"] == "[]"
     offset = r["calibration"]["offset_bytes"]
     before = {c["name"]: c["peak_bytes"] for c in plain["candidates"]}
     assert all(c["peak_bytes"] == before[c["name"]] + offset for c in r["candidates"])
@@ -180,10 +182,12 @@ def test_compare_output_of_the_moonlight_sweep_calibrates_the_plan(run_tool, tmp
     p = run_tool("plan", MOONLIGHT, "--measured", str(cmp_file), "--json")
     assert p.returncode in (0, 1), p.stderr
     r = json.loads(p.stdout)
-    assert r["calibration"]["measured_peak_bytes"] == int(measured_control * 1e9)
+    assert r["calibration"]["measured_allocated_bytes"] == int(measured_control * 1e9)
+    assert r["calibration"]["setting"] == "[]"               # the control run's own record
     cands = {c["name"]: c for c in r["candidates"]}
     delta = cands["moe_act"]["model_peak_bytes"] - cands["[]"]["model_peak_bytes"]
-    assert cands["moe_act"]["peak_bytes"] == int(measured_control * 1e9) + delta
+    residual = r["ranks"][0]["static"]["residual"]
+    assert cands["moe_act"]["peak_bytes"] == int(measured_control * 1e9) + residual + delta
 
 
 def test_plot_draws_per_rank_stacked_bars_next_to_the_frontier(tmp_path):

@@ -134,16 +134,24 @@ def test_nothing_fits_a_tiny_budget_and_the_lowest_peak_is_reported(moonlight, m
 
 
 def test_calibration_shifts_every_prediction_by_the_measured_offset(moonlight, moonlight_plan):
+    """Moonlight's current setting is the [] control: its measured peak allocated is compared
+    with the model's peak less the residual (the allocator does not count the CUDA context and
+    workspaces), and every candidate moves by that one offset."""
     control = next(c for c in moonlight_plan["candidates"] if c["name"] == "[]")
-    measured = control["model_peak_bytes"] / GB + 1.75
+    residual = moonlight_plan["ranks"][0]["static"]["residual"]
+    measured = (control["model_peak_bytes"] - residual) / GB + 1.75
     r = planner.plan(moonlight, measured_peak_gb=measured).to_dict()
-    offset = int(measured * GB) - control["model_peak_bytes"]
-    assert r["calibration"]["offset_bytes"] == offset
+    offset = int(measured * GB) - (control["model_peak_bytes"] - residual)
+    cal = r["calibration"]
+    assert cal["offset_bytes"] == offset and abs(offset - 1.75 * GB) < 2
+    assert cal["setting"] == "[]" and cal["measured_allocated_bytes"] == int(measured * GB)
+    assert cal["predicted_allocated_bytes"] == control["model_peak_bytes"] - residual
     before = {c["name"]: c["peak_bytes"] for c in moonlight_plan["candidates"]}
     for c in r["candidates"]:
         assert c["peak_bytes"] - before[c["name"]] == offset
         assert c["model_peak_bytes"] == before[c["name"]]
-    assert next(c for c in r["candidates"] if c["name"] == "[]")["peak_bytes"] == int(measured * GB)
+    assert next(c for c in r["candidates"] if c["name"] == "[]")["peak_bytes"] == \
+        int(measured * GB) + residual
     assert any("calibrated" in a for a in r["assumptions"])
 
 

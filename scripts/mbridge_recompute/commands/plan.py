@@ -15,7 +15,8 @@ EPILOG = """examples:
   plan.py                                        # the embedded default workload
   plan.py examples/moonlight_16b.yaml --budget-gb 36.1 --json
   plan.py --model deepseek-v3 --set model.virtual_pipeline_model_parallel_size=2
-  plan.py WORKLOAD.yaml --measured-peak-gb 66.3  # anchor to the measured [] control peak
+  plan.py WORKLOAD.yaml --measured-peak-gb 66.3  # anchor to the current setting's measured peak
+  plan.py WORKLOAD.yaml --measured-peak-gb 61.2 --measured-setting '[]'   # ... or another's
   plan.py WORKLOAD.yaml --top 3 --json > plan.json && run_harness.py --from-plan plan.json ...
                                                  # the sweep: [] control, the recommendation, 3 neighbours
 
@@ -32,12 +33,20 @@ def add_arguments(parser) -> None:
                              "cluster.gpu_memory_gb, minus max(5%%, 2 GB))")
     cal = parser.add_mutually_exclusive_group()
     cal.add_argument("--measured-peak-gb", type=float, metavar="GB",
-                     help="measured peak allocated GB of the selective [] control run; anchors predictions")
+                     help="measured peak allocated GB (max_memory_allocated) of the hottest rank, "
+                          "or of pipeline rank --rank, running the current setting (or "
+                          "--measured-setting); anchors every prediction: the difference is one "
+                          "unexplained offset kept constant across settings")
     cal.add_argument("--measured", metavar="REPORT.json",
-                     help="`compare --json` output (its control run's per-rank peaks anchor each "
-                          "pipeline rank; a run that died in iteration 2 is matched at iteration 1) "
-                          "or `diagnose --json` output (the rank that ran out of memory is the "
-                          "--free-gb rank)")
+                     help="`compare --json` output (the control run, or the run of "
+                          "--measured-setting, anchors each pipeline rank with the setting its "
+                          "record says it ran; a run that died in iteration 2 is matched at "
+                          "iteration 1) or `diagnose --json` output (the rank that ran out of "
+                          "memory is the --free-gb rank)")
+    parser.add_argument("--measured-setting", metavar="SETTING",
+                        help="the setting the measurement ran, in candidate syntax ('[]' for the "
+                             "control, moe_act, 'moe_act,layernorm', uniform:2, block:1, none); "
+                             "default: the workload's current setting")
     parser.add_argument("--measured-iteration", type=int, metavar="N",
                         help="the iteration after which --measured-peak-gb was taken: 1 means "
                              "before the first optimizer step created Adam's moments (default: a "
@@ -46,8 +55,8 @@ def add_arguments(parser) -> None:
                         help="recommend the cheapest setting that frees at least GB decimal GB on "
                              "--rank against the current setting (exit 1 if none does)")
     parser.add_argument("--rank", type=int, metavar="R",
-                        help="pipeline rank for --free-gb (default: the rank --measured says ran "
-                             "out of memory, else the hottest)")
+                        help="pipeline rank of --measured-peak-gb and for --free-gb (default: the "
+                             "hottest; for --free-gb the rank --measured says ran out of memory)")
     parser.add_argument("--alternatives", action="store_true",
                         help="also price layout, offloading and optimizer changes for the same GPU "
                              "count (other VPP sizes, a layout moving layers off the hottest rank, "
@@ -83,11 +92,18 @@ def run(args) -> int:
     if args.measured_iteration is not None and (args.measured_iteration < 1
                                                 or args.measured_peak_gb is None):
         raise InputError("--measured-iteration", "must be >= 1 and goes with --measured-peak-gb")
-    if args.rank is not None and args.free_gb is None and not args.per_rank:
-        raise InputError("--rank", "goes with --free-gb (or --per-rank)")
-    measured = measured_input.read(args.measured, w) if args.measured else None
+    if args.rank is not None and args.free_gb is None and not args.per_rank \
+            and args.measured_peak_gb is None:
+        raise InputError("--rank", "goes with --measured-peak-gb, --free-gb or --per-rank")
+    setting = None
+    if args.measured_setting is not None:
+        if args.measured_peak_gb is None and not args.measured:
+            raise InputError("--measured-setting", "goes with --measured-peak-gb or --measured")
+        setting = measured_input.parse_setting(args.measured_setting, "--measured-setting")
+    measured = measured_input.read(args.measured, w, setting) if args.measured else None
     report = plan(w, budget_gb=args.budget_gb, measured_peak_gb=args.measured_peak_gb,
                   measured=measured, measured_iteration=args.measured_iteration,
+                  measured_setting=setting,
                   free_gb=args.free_gb, rank=args.rank, per_rank=args.per_rank,
                   alternatives=args.alternatives,
                   version=release, top=args.top)
@@ -130,6 +146,10 @@ def render_text(r) -> str:
            f"GPU: {wl['gpu_capacity'].split(' [')[0]}",
            f"megatron-core {r.release.name}: {r.release.how}",
            f"budget: {gb(r.budget_bytes)} GB per GPU (sizes below in decimal GB)"]
+    if r.calibration is not None:
+        from mbridge_recompute.plan.calibration import lines
+
+        out += lines(r.calibration)
     m = r.extra.get("model_source")
     if m:
         out.append(f"model: {m['title']} (catalog '{m['name']}'); layout: "

@@ -6,8 +6,8 @@ import math
 from typing import Optional
 
 from mbridge_recompute.errors import InputError
+from mbridge_recompute.plan.calibration import Calibration
 from mbridge_recompute.plan.capacity import capacity
-from mbridge_recompute.plan.report import Calibration
 from mbridge_recompute.units import GB
 
 HEADROOM_FRACTION = 0.05      # default budget: GPU memory minus max(5 %, 2 GB)
@@ -32,6 +32,10 @@ def budget_statement(w, budget_gb: Optional[float]) -> tuple[int, str]:
         return gb_to_bytes(budget_gb, "--budget-gb"), f"budget {budget_gb:g} GB per GPU (--budget-gb)"
     b = default_budget_bytes(w)
     cap = capacity(w)
+    if b <= 0:
+        raise InputError(cap.field, f"a GPU of {cap.bytes / GB:.2f} GB less the headroom of "
+                                    f"max({HEADROOM_FRACTION:.0%}, {HEADROOM_MIN_GB:g} GB) leaves no "
+                                    "memory to plan for (give the real capacity, or --budget-gb)")
     return b, (f"budget {b / GB:.2f} GB = the GPU's {cap.bytes / GB:.2f} GB minus a headroom of "
                f"max({HEADROOM_FRACTION:.0%}, {HEADROOM_MIN_GB:g} GB) for allocator fragmentation and "
                f"workspaces the model does not itemise (override with --budget-gb); capacity: {cap.how}")

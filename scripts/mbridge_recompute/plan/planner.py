@@ -1,8 +1,9 @@
 """`plan(w, ...)`: price every candidate recompute setting, mark the frontier, and recommend the
 cheapest one whose predicted peak fits the budget.
 
-Calibration: a measured peak of the `[]` control run anchors the model: every candidate is
-predicted as measured control peak + modelled delta from the control (`budget.settle`).
+Calibration: a measured peak allocated of the setting that ran (by default the current one)
+anchors the model: every candidate is predicted as its modelled peak + the unexplained offset
+(plan/calibration.py), applied in one place (`budget.settle`).
 """
 
 from __future__ import annotations
@@ -11,12 +12,13 @@ from typing import Optional
 
 from mbridge_recompute.errors import InputError
 from mbridge_recompute.placement import place
+from mbridge_recompute.plan import calibration as calib
 from mbridge_recompute.plan.budget import budget_statement, gb_to_bytes, settle
 from mbridge_recompute.plan.capacity import capacity
 from mbridge_recompute.plan.labels import evaluate_labels
 from mbridge_recompute.plan.measured import Measured, from_peak_gb
 from mbridge_recompute.plan.pricing import Pricer, disabled_by
-from mbridge_recompute.plan.report import Calibration, PlanReport
+from mbridge_recompute.plan.report import PlanReport
 from mbridge_recompute.plan.search import full_settings, mark_dominated, order, recommend, selective_settings
 from mbridge_recompute.rules.findings import errors
 from mbridge_recompute.setting import RecomputeSetting
@@ -87,42 +89,6 @@ def _refused(w, release, budget: int, assumptions: list, top) -> PlanReport:
                       release=release)
 
 
-def calibrate(w, control, measured: Measured) -> Calibration:
-    """Anchor the [] control's per-rank model to what was measured, like for like: a peak taken
-    after iteration 1 against the model's first-iteration peak (no Adam moments yet)."""
-    from mbridge_recompute import memory
-
-    cw = control.setting.apply(w)
-    est = memory.estimate(cw, disabled=control.disabled)
-    if measured.first_iteration:
-        model = [memory.first_iteration_peak_bytes(cw, r) for r in est.ranks]
-    else:
-        model = [r.peak_bytes for r in est.ranks]
-    own = {r: b for r, b in measured.rank_bytes.items() if 0 <= r < len(model)}
-    if own:
-        hot = max(own, key=lambda r: (own[r], -r))
-        peak = own[hot]
-    else:
-        hot = max(range(len(model)), key=lambda r: (model[r], -r))
-        peak = measured.hottest_bytes
-    base = peak - model[hot]
-    offsets = tuple(own[r] - model[r] if r in own else base for r in range(len(model)))
-    return Calibration(peak, model[hot], measured.source, measured.iteration, offsets,
-                       tuple(sorted(own)), hot)
-
-
-def _calibration_sentence(c: Calibration) -> str:
-    when = ("after iteration 1, before the first optimizer step creates Adam's moments: offset "
-            "taken against the model's first-iteration peak, steady-state predictions = model + "
-            "offset" if c.iteration == 1 else "in the steady state")
-    ranks = (f"; pp_ranks {', '.join(map(str, c.measured_ranks))} each by their own offset, the "
-             f"others by pp_rank {c.pp_rank}'s" if len(c.measured_ranks) > 1 else "")
-    return (f"calibrated: the [] control's modelled peak {c.control_model_peak_bytes / GB:.2f} GB on "
-            f"pp_rank {c.pp_rank} is anchored to the measured {c.measured_peak_bytes / GB:.2f} GB "
-            f"({c.source}), measured {when}; each candidate = its modelled peak + the offset "
-            f"({c.offset_bytes / GB:+.2f} GB{ranks})")
-
-
 def free_memory(cands: list, current, need: int, rank: int) -> tuple:
     """The cheapest allowed candidate that frees at least `need` bytes on pipeline rank `rank`
     against the current setting, and the answer's facts."""
@@ -144,24 +110,27 @@ def plan(w, budget_gb: Optional[float] = None, measured_peak_gb: Optional[float]
          top: Optional[int] = None, measured: Optional[Measured] = None,
          measured_iteration: Optional[int] = None, free_gb: Optional[float] = None,
          rank: Optional[int] = None, per_rank: bool = False,
-         alternatives: bool = False) -> PlanReport:
+         alternatives: bool = False,
+         measured_setting: Optional[RecomputeSetting] = None) -> PlanReport:
     """The whole planning report for workload `w` on megatron-core `version` (a
     `releases.Release`, a release string, or None for the installed / newest one).
 
-    `measured` (or `measured_peak_gb`, taken after `measured_iteration`) calibrates; `free_gb`
-    asks for the cheapest setting freeing that much on pipeline rank `rank` (default: the rank
-    the measurement says failed, else the hottest)."""
+    `measured` (or `measured_peak_gb` of `measured_setting`, default the current setting, on
+    pipeline rank `rank` or the hottest, taken after `measured_iteration`) calibrates;
+    `free_gb` asks for the cheapest setting freeing that much on pipeline rank `rank` (default:
+    the rank the measurement says failed, else the hottest)."""
     from mbridge_recompute import memory
     from mbridge_recompute.facts import releases
 
     release = version if isinstance(version, releases.Release) else releases.target(version)
     version = release.key
     budget, budget_text = budget_statement(w, budget_gb)
-    if measured is None and measured_peak_gb is not None:
-        measured = from_peak_gb(measured_peak_gb, measured_iteration, measured_source)
     if rank is not None and not 0 <= rank < w.pipeline_model_parallel_size:
         raise InputError("--rank", f"must be a pipeline rank from 0 to "
                                    f"{w.pipeline_model_parallel_size - 1}, got {rank}")
+    if measured is None and measured_peak_gb is not None:
+        measured = from_peak_gb(measured_peak_gb, measured_iteration, measured_source,
+                                measured_setting, rank)
     need = None if free_gb is None else gb_to_bytes(free_gb, "--free-gb")
     if not place(w, version).ok:
         return _refused(w, release, budget, [budget_text], top)
@@ -199,7 +168,7 @@ def plan(w, budget_gb: Optional[float] = None, measured_peak_gb: Optional[float]
         or pricer.price(current_setting)
     calibration = None
     if measured is not None and measured.hottest_bytes is not None:
-        calibration = calibrate(w, control, measured)
+        calibration = calib.calibrate(pricer, measured, current_setting)
     settle(cands + [current_cand], budget, calibration)
     recompute_rec = None
     if alternatives:
@@ -216,6 +185,8 @@ def plan(w, budget_gb: Optional[float] = None, measured_peak_gb: Optional[float]
         for c in cands:
             c.dominated_by = None
         settle(cands + [current_cand], budget, calibration)
+    if calibration is not None:
+        calib.refuse_impossible(calibration, cands + [current_cand])
     mark_dominated(cands)
     cands.sort(key=order)
     rec = recommend(cands)
@@ -256,11 +227,7 @@ def plan(w, budget_gb: Optional[float] = None, measured_peak_gb: Optional[float]
         assumptions.append("the workload has errors under every recompute setting ("
                            + ", ".join(sorted(pricer.baseline_errors))
                            + "); candidates are judged on the rest")
-    if calibration:
-        assumptions.append(_calibration_sentence(calibration))
-    else:
-        assumptions.append("uncalibrated: pass --measured-peak-gb (or --measured compare.json) with the "
-                           "[] control's measured peak to anchor the predictions")
+    assumptions.append(calib.sentence(calibration) if calibration else calib.UNCALIBRATED)
 
     return PlanReport(
         warnings=coverage.findings(w, unmodelled),

@@ -51,6 +51,7 @@ class Pricer:
         step = memory.step_cost(with_setting, disabled=off)
         return Candidate(setting=setting, rank_peaks=tuple(int(r.peak_bytes) for r in est.ranks),
                          rank_terms=tuple(r.peak_term for r in est.ranks),
+                         rank_static=tuple(int(r.static_bytes) for r in est.ranks),
                          cost_pct=float(memory.change_pct(step, self.reference_step)),
                          rejected_by=tuple(sorted({f["id"] for f in errors(findings)})),
                          disabled=off, step=step)

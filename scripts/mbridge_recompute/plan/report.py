@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Optional
 
+from mbridge_recompute.plan.calibration import Calibration
 from mbridge_recompute.setting import RecomputeSetting
 
 if TYPE_CHECKING:
@@ -27,7 +28,8 @@ class Candidate:
     rank_terms: tuple                 # the term that sets each rank's peak
     cost_pct: float                   # modelled replay work as % of the step
     rejected_by: tuple = ()           # error findings this setting adds over the [] control
-    offsets: tuple = ()               # calibration per PP rank: measured - modelled [] control
+    offsets: tuple = ()               # calibration per PP rank: the unexplained offset
+    rank_static: tuple = ()           # static memory of every PP rank (bytes); () when not modelled
     fits: bool = False
     dominated_by: Optional[str] = None
     disabled: tuple = ()              # (label, block) the checker finds switched off, not priced
@@ -41,6 +43,11 @@ class Candidate:
     @property
     def allowed(self) -> bool:
         return not self.rejected_by
+
+    @property
+    def modelled(self) -> bool:
+        """False for a layout megatron-core rejects: no estimate, no peak."""
+        return bool(self.rank_static)
 
     def offset(self, rank: int) -> int:
         return self.offsets[rank] if self.offsets else 0
@@ -70,9 +77,13 @@ class Candidate:
     def to_dict(self) -> dict:
         d = {"name": self.name, "describe": self.setting.describe(), "kind": self.setting.kind}
         d.update(self.setting.as_fields())
-        d.update({"peak_bytes": int(self.peak_bytes), "model_peak_bytes": int(self.model_peak_bytes),
-                  "hottest_pp_rank": self.hottest_pp_rank, "peak_term": self.peak_term,
-                  "rank_peak_bytes": [int(self.rank_peak(r)) for r in range(len(self.rank_peaks))],
+        ranks = range(len(self.rank_peaks))
+        m = self.modelled
+        d.update({"peak_bytes": int(self.peak_bytes) if m else None,
+                  "model_peak_bytes": int(self.model_peak_bytes) if m else None,
+                  "hottest_pp_rank": self.hottest_pp_rank if m else None, "peak_term": self.peak_term,
+                  "rank_peak_bytes": [int(self.rank_peak(r)) for r in ranks] if m else None,
+                  "rank_static_bytes": [int(x) for x in self.rank_static] if m else None,
                   "cost_pct": round(self.cost_pct, 3), "fits": self.fits, "allowed": self.allowed,
                   "rejected_by": list(self.rejected_by),
                   "switched_off": [f"{label}" + ("" if block == "all" else f" in {block} layers")
@@ -99,36 +110,6 @@ class LabelEffect:
                 "saving_bytes": self.saving_bytes, "rank_saving_bytes": list(self.rank_saving_bytes),
                 "cost_pct": self.cost_pct, "per_layer_saving_bytes": dict(self.per_layer_saving_bytes),
                 "cost_far_below_measured": list(self.cost_far_below_measured)}
-
-
-@dataclass
-class Calibration:
-    """A measured peak of the [] control anchors every prediction: each pipeline rank with a
-    measurement of its own moves by its own offset, the others by the hottest measured rank's.
-    Measured after iteration 1, the offset is taken against the model's first-iteration peak
-    (no Adam moments yet) and the steady state is predicted with it."""
-    measured_peak_bytes: int          # the hottest measured rank
-    control_model_peak_bytes: int     # the model's [] control on that rank, at that iteration
-    source: str
-    iteration: Optional[int] = None   # the measurement was taken after this iteration (None: steady)
-    rank_offsets: tuple = ()          # per PP rank: measured - modelled
-    measured_ranks: tuple = ()        # PP ranks with a measurement of their own
-    pp_rank: Optional[int] = None     # the rank the hottest measurement is from
-
-    @property
-    def offset_bytes(self) -> int:
-        return self.measured_peak_bytes - self.control_model_peak_bytes
-
-    def offsets(self, ranks: int) -> tuple:
-        return self.rank_offsets or (self.offset_bytes,) * ranks
-
-    def to_dict(self) -> dict:
-        return {"measured_peak_bytes": self.measured_peak_bytes,
-                "control_model_peak_bytes": self.control_model_peak_bytes,
-                "offset_bytes": self.offset_bytes, "source": self.source,
-                "measured_after_iteration": self.iteration or "steady state (2 or later)",
-                "pp_rank": self.pp_rank, "rank_offset_bytes": list(self.rank_offsets),
-                "measured_pp_ranks": list(self.measured_ranks)}
 
 
 def nearest(points: list, anchor: Optional[Candidate], n: int) -> list:
