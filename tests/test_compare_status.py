@@ -290,3 +290,16 @@ def test_logs_with_the_same_file_name_are_named_after_their_directories(tmp_path
     logs = (tmp_path / "empty" / "slurm.out", tmp_path / "moe_act" / "slurm.out")
     out = json.loads(run_script("compare", *logs, "--json").stdout)
     assert [r["name"] for r in out["runs"]] == ["empty", "moe_act"] and out["control"] == "empty"
+
+
+def test_the_nemotron_rows_that_ran_out_in_iteration_1_report_no_peak():
+    """Published: `core_attn` (grouped-expert linear) and `layernorm, moe_act` (output projection)
+    ran out of memory in iteration 1; `moe, layernorm` completed at 63.639 GB, 677.62 ms."""
+    sweep = EXAMPLES / "logs" / "nemotron3nano"
+    proc = run_script("compare", *sorted(sweep.iterdir()), "--json")
+    rows = {r["name"]: r for r in json.loads(proc.stdout)["runs"]}
+    for name in ("core_attn", "layernorm+moe_act"):
+        assert rows[name]["status"] == "oom" and rows[name]["stage"] == "first-forward"
+        assert rows[name]["peak_allocated_gb"] is None and rows[name]["last_iteration"] == 0
+    assert rows["moe+layernorm"]["status"] == "pass" and rows["moe+layernorm"]["peak_allocated_gb"] == 63.639
+    assert rows["moe+layernorm"]["step_time_ms"] == pytest.approx(677.62, abs=0.01)
