@@ -195,3 +195,30 @@ def test_a_megatron_lm_argument_list_derives_vpp_from_the_hybrid_segments():
     spec = ["--num-layers", "12", "--hidden-size", "512", "--num-attention-heads", "8",
             "--pipeline-model-parallel-size", "2", "--hybrid-layer-pattern", "M*M-|M*M-|MM|**"]
     assert mlm_args.sections(spec, "0.19")["model"]["virtual_pipeline_model_parallel_size"] == 2
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.integers(1, 64), st.integers(1, 8), st.one_of(st.none(), st.integers(1, 16)),
+       st.one_of(st.none(), st.integers(1, 16)))
+def test_uneven_split_fixes_the_ends_and_spreads_the_rest_over_the_middle(n, p, first, last):
+    """Invariant of the one uneven first/last split (placement.uneven_split): the fixed counts
+    sit on the first and last rank, the middle stages share what is left, and a split whose
+    middle divides places every layer exactly once."""
+    from mbridge_recompute.placement import uneven_split
+
+    split = uneven_split(n, p, first, last)
+    given_counts = [x for x in (first, last) if x is not None]
+    assert split.middle_layers == n - sum(given_counts)
+    assert split.middle_stages == p - len(given_counts)
+    if p > 1 and split.middle_stages >= 0 and split.middle_layers >= 0 and (
+            split.middle_stages == 0 and split.middle_layers == 0
+            or split.middle_stages and split.middle_layers % split.middle_stages == 0):
+        stages = split.stages(p)
+        assert sum(stages) == n and len(stages) == p
+        assert first is None or stages[0] == first
+        assert last is None or stages[-1] == last
+        w = shape(num_layers=n, pipeline_model_parallel_size=p, num_layers_in_first_pipeline_stage=first,
+                  num_layers_in_last_pipeline_stage=last)
+        pl = place(w, "0.16.1")
+        if pl.ok:
+            assert pl.stage_layers == stages

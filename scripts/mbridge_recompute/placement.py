@@ -120,10 +120,36 @@ def _holds(cid: str, version: str) -> bool:
     return card.holds(cid, version)
 
 
+class UnevenSplit(NamedTuple):
+    """`num_layers_in_first/last_pipeline_stage`: the fixed counts, and what is left for the
+    middle stages (spread evenly over them)."""
+    fixed: dict            # pp_rank -> its fixed layer count (0 for first, p - 1 for last)
+    middle_layers: int
+    middle_stages: int
+
+    def stages(self, p: int) -> list[int]:
+        """Layers per pipeline rank (a remainder the middle stages do not divide is dropped;
+        the checks reject that split before it is placed)."""
+        per = self.middle_layers // self.middle_stages if self.middle_stages else 0
+        return [self.fixed.get(r, per) for r in range(p)]
+
+
+def uneven_split(n: int, p: int, first, last) -> UnevenSplit:
+    """The one home of the uneven first/last split, shared by the checks and both placers.
+    With PP 1 the first and last stage are one rank; Megatron-Core still subtracts both counts
+    when it validates them (and then builds the whole stack), so the last count is kept apart
+    from the first there."""
+    fixed = {}
+    if first is not None:
+        fixed[0] = first
+    if last is not None:
+        fixed[p - 1 if p > 1 else 1] = last
+    return UnevenSplit(fixed, n - sum(fixed.values()), p - len(fixed))
+
+
 def _uneven_problems(n: int, p: int, v: Optional[int], first, last) -> list[Problem]:
     """TransformerConfig's uneven-PP checks, in its order (tc:1359-1434 @ core_v0.16.1)."""
     out = []
-    middle_layers, middle_stages = n, p
     for which, value in (("first", first), ("last", last)):
         if value is None:
             continue
@@ -136,8 +162,8 @@ def _uneven_problems(n: int, p: int, v: Optional[int], first, last) -> list[Prob
                                f"num_layers_in_{which}_pipeline_stage={value} is not a multiple of "
                                f"virtual_pipeline_model_parallel_size={v}"))
             return out
-        middle_layers -= value
-        middle_stages -= 1
+    split = uneven_split(n, p, first, last)
+    middle_layers, middle_stages = split.middle_layers, split.middle_stages
     if bool(middle_layers) != bool(middle_stages):
         out.append(Problem("uneven-middle-mismatch",
                            f"{middle_layers} layers left for {middle_stages} middle pipeline stages"))
@@ -187,14 +213,7 @@ def _place(version: str, kinds: tuple, hybrid: bool, p: int, v: Optional[int], f
         return Placement((), tuple(problems))
 
     if uneven and p > 1:
-        fixed = {}
-        if first is not None:
-            fixed[0] = first
-        if last is not None:
-            fixed[p - 1] = last
-        rest = n - sum(fixed.values())
-        middle = p - len(fixed)
-        stages = [fixed.get(r, rest // middle if middle else 0) for r in range(p)]
+        stages = uneven_split(n, p, first, last).stages(p)
     elif uneven:
         # PP 1: MCore still validates the fixed counts (above) but builds the whole stack
         stages = [n]
@@ -364,18 +383,12 @@ def _place_hybrid_segments(segments: tuple, p: int, v: Optional[int], first, las
         if p <= 1:
             stages = [n]
         elif uneven:
-            f, last_n = first or 0, last or 0
-            middle = p - sum(1 for x in (first, last) if x is not None)
-            rest = n - f - last_n
-            if middle > 0 and rest % middle:
+            split = uneven_split(n, p, first, last)
+            if split.middle_stages > 0 and split.middle_layers % split.middle_stages:
                 return Placement((), (Problem("hybrid-uneven-middle-not-divisible",
-                                              f"{rest} middle layers over {middle} middle stages"),))
-            per = rest // middle if middle > 0 else 0
-            stages = [per] * p
-            if first is not None:
-                stages[0] = f
-            if last is not None:
-                stages[-1] = last_n
+                                              f"{split.middle_layers} middle layers over "
+                                              f"{split.middle_stages} middle stages"),))
+            stages = split.stages(p)
         else:
             if n % p:
                 return Placement((), (Problem("hybrid-pp-does-not-divide-layers",
