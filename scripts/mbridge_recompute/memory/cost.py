@@ -16,6 +16,7 @@ from __future__ import annotations
 from functools import lru_cache
 from typing import NamedTuple
 
+from mbridge_recompute.layer_spec import norm_fused
 from mbridge_recompute.memory.recompute import block_mods
 from mbridge_recompute.memory.shape import Shape
 from mbridge_recompute.memory.static import layer_parts
@@ -105,9 +106,10 @@ def layer_replay_flops(sh: Shape, kind: str, mods: frozenset, knobs: Knobs) -> f
         out += _gemm_flops(sh, kind, ("q up-projection", "kv up-projection"))
         out += _tp_comm_bytes(sh, 2) * cfb if sh.sp else 0.0
     if "layernorm" in mods:
-        # the attention norm is fused into linear_qkv on the TE spec (GQA), the MLP norm into fc1
-        attn_norm = has_attn and "layernorm" in attn_mods and (sh.mla or not sh.te)
-        ffn_norm = "layernorm" in ffn_mods and (has_moe or (has_mlp and not sh.te))
+        # a norm fused into the next GEMM is no module the label can replay (layer_spec.py)
+        attn_norm = has_attn and "layernorm" in attn_mods and not norm_fused("attention", sh.te, sh.mla)
+        ffn_norm = "layernorm" in ffn_mods and (has_moe or has_mlp) \
+            and not norm_fused("mlp", sh.te, moe=has_moe)
         out += (attn_norm + ffn_norm) * _membound(sh, 2 * h * Tr, knobs)
     mods = ffn_mods
     if "mlp" in mods and has_mlp:

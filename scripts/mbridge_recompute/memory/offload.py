@@ -24,6 +24,7 @@ from __future__ import annotations
 
 from functools import lru_cache
 
+from mbridge_recompute.layer_spec import norm_fused
 from mbridge_recompute.memory.shape import Shape
 from mbridge_recompute.memory.tensors import layer_tensors
 
@@ -42,12 +43,10 @@ _MLP_NORM = ("M1 MLP-norm input", "M2 MLP-norm statistics", "pre-MLP norm input"
 
 def _module_of(sh: Shape, name: str, kind: str):
     """The offloadable module a saved tensor of this model belongs to, or None."""
-    if name.startswith(_ATTN_NORM):
-        fused = sh.te and not sh.mla            # TELayerNormColumnParallelLinear holds it
-        return "qkv_linear" if fused else "attn_norm"
-    if name.startswith(_MLP_NORM):
-        fused = sh.te and "moe" not in kind      # TE dense: fused into linear_fc1
-        return None if fused else "mlp_norm"
+    if name.startswith(_ATTN_NORM):             # a fused norm is held by linear_qkv
+        return "qkv_linear" if norm_fused("attention", sh.te, sh.mla) else "attn_norm"
+    if name.startswith(_MLP_NORM):              # a fused one by linear_fc1, not offloadable
+        return None if norm_fused("mlp", sh.te, moe="moe" in kind) else "mlp_norm"
     if name.startswith(_QKV):
         return "qkv_linear"
     if name.startswith(_CORE):

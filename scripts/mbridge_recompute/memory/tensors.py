@@ -15,6 +15,7 @@ from __future__ import annotations
 from functools import lru_cache
 from typing import NamedTuple
 
+from mbridge_recompute.layer_spec import norm_fused
 from mbridge_recompute.memory.recompute import block_mods
 from mbridge_recompute.memory.shape import Shape
 
@@ -69,11 +70,11 @@ def _tag(entries: list, component: str) -> list:
 
 # --- attention -------------------------------------------------------------------
 
-def _attention_norm(sh: Shape, mods: frozenset, fused_norm: bool) -> list:
-    """Input norm. TE dense spec: fused into linear_qkv (IdentityOp, `layernorm` is a no-op)."""
+def _attention_norm(sh: Shape, mods: frozenset) -> list:
+    """Input norm. TE GQA spec: fused into linear_qkv (layer_spec.py; `layernorm` is a no-op)."""
     e, h, Tr = sh.elt, sh.h, sh.Tr
     out = [Saved("A1 attention-norm input", "norms", e * h * Tr)]
-    if fused_norm or "layernorm" not in mods:
+    if norm_fused("attention", sh.te, sh.mla) or "layernorm" not in mods:
         out.append(Saved("A2 attention-norm statistics (fp32)", "norms", sh.stats * Tr))
     return out
 
@@ -150,9 +151,9 @@ def _rope_tables(sh: Shape, dim: int) -> list:
 def _attention_gqa(sh: Shape, mods: frozenset) -> list:
     e, h, T, Tr, d = sh.elt, sh.h, sh.T, sh.Tr, sh.d
     a_, g_ = sh.a_, sh.g_
-    out = _attention_norm(sh, mods, fused_norm=sh.te)
+    out = _attention_norm(sh, mods)
     out.extend(_rope_tables(sh, d))
-    if sh.te or "layernorm" not in mods:
+    if norm_fused("attention", sh.te, sh.mla) or "layernorm" not in mods:
         out.append(Saved("A3 QKV GEMM input (norm output)", "attention",
                          (sh.q_bytes if sh.te else e) * h * Tr))
     if sh.qk_norm:
@@ -226,7 +227,7 @@ def _attention_mla(sh: Shape, mods: frozenset) -> list:
     """Multi-latent attention: separate input norm, low-rank down/up projections, RoPE dims."""
     e, h, T, Tr, q = sh.elt, sh.h, sh.T, sh.Tr, sh.q_bytes
     a_ = sh.a_
-    out = _attention_norm(sh, mods, fused_norm=False)
+    out = _attention_norm(sh, mods)
     if "layernorm" not in mods:
         # Two consumers (q and kv down-projections). In bf16 they share the norm output;
         # a low-precision linear keeps its own quantized copy.
@@ -274,7 +275,7 @@ def _mlp(sh: Shape, mods: frozenset) -> list:
     f_ = sh.f / sh.t
     out = [Saved("M1 MLP-norm input (residual)", "norms", e * h * Tr)]
     mlp = "mlp" in mods
-    if sh.te:
+    if norm_fused("mlp", sh.te):
         # pre-MLP norm fused into linear_fc1 (TELayerNormColumnParallelLinear).
         if not mlp:
             out.append(Saved("M2 MLP-norm statistics (fp32)", "norms", sh.stats * Tr))

@@ -30,6 +30,7 @@ from typing import Callable, Optional
 
 from mbridge_recompute.facts import card, releases
 from mbridge_recompute.inputs.values import TE_ABSENT  # what te_version says when TE is absent
+from mbridge_recompute.layer_spec import separate_norms
 from mbridge_recompute.placement import place
 from mbridge_recompute.rules.findings import finding, report
 
@@ -966,9 +967,8 @@ def _mlp_on_moe(s: State):
 @rule("layernorm-on-te-dense-spec")
 def _layernorm_te_dense(s: State):
     w = s.w
-    moe_layers = any("moe" in k.split("+") for k in w.layer_kinds())
-    if s.selective("layernorm") and w.transformer_impl == "transformer_engine" and not moe_layers \
-            and not w.multi_latent_attention:
+    if s.selective("layernorm") and not separate_norms(
+            w.layer_kinds(), w.transformer_impl == "transformer_engine", bool(w.multi_latent_attention)):
         stack = "hybrid" if w.hybrid_override_pattern else "dense"
         return Hit(f"layernorm on the Transformer Engine {stack} spec without MoE layers: every norm is "
                    "fused into TELayerNormColumnParallelLinear (IdentityOp), nothing is recomputed")
