@@ -548,3 +548,20 @@ def test_every_citation_abbreviation_names_a_file_of_megatron_lm():
         assert path.startswith("megatron/") and path.endswith(".py"), abbr
         if abbr.endswith(".py"):
             assert path.endswith("/" + abbr), (abbr, path)
+
+
+def test_the_site_parser_reads_every_site_form_the_card_writes():
+    """card.site is the one parser of `abbr:start-end` sites (schema, rule order, the live
+    validator's line match and the differential's cited-message check all use it)."""
+    s = card.site("tc:1208-1211")
+    assert (s.file, s.start, s.end, s.caller) == ("tc", 1208, 1211, None)
+    assert s.path() == "megatron/core/transformer/transformer_config.py"
+    multi = card.site("moe_utils.py:24-39,1192")
+    assert multi.ranges == ((24, 39), (1192, 1192)) and multi.path().endswith("moe/moe_utils.py")
+    called = card.site("cgc:108-111 (from tc:2187)")
+    assert (called.file, called.start, called.caller.file, called.caller.start) == ("cgc", 108, "tc", 2187)
+    for bad in ("tc", "tc:", "tc:12-", "line 12", "", None):
+        with pytest.raises(ValueError):
+            card.site(bad)
+    sites = [v for c in card.constraints() for v in c["at"].values()]
+    assert all(card.site(v).text() == v.replace(", ", ",") for v in sites) and len(sites) > 500

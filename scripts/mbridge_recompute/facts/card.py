@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import re
 from functools import lru_cache
-from typing import Optional
+from typing import NamedTuple, Optional
 
 from mbridge_recompute import DATA_DIR
 
@@ -93,7 +93,51 @@ def citation(location: str, key: str) -> str:
     return f"{location} @ {load()['releases'][key]['tag']}"
 
 
-_LOCATION = re.compile(r"(?:\(from\s+)?([\w./]+):(\d+)")
+class Site(NamedTuple):
+    """A place in upstream code as the card writes it: `tc:1208-1211`, `moe_utils.py:24-39,1192`
+    or `cgc:108-111 (from tc:2187)` (a check in a helper module, and the line that calls it)."""
+    file: str                       # a card abbreviation, a file name or a path
+    ranges: tuple                   # ((first, last), ...) lines, in the order written
+    caller: Optional["Site"] = None
+
+    @property
+    def start(self) -> int:
+        return self.ranges[0][0]
+
+    @property
+    def end(self) -> int:
+        return self.ranges[0][1]
+
+    def path(self, abbreviations: Optional[dict] = None) -> str:
+        """The file's path from the Megatron-LM checkout root (megatron/core/...) when the card
+        abbreviates it, else the file as written."""
+        legend = load()["abbreviations"] if abbreviations is None else abbreviations
+        return legend.get(self.file, self.file)
+
+    def text(self) -> str:
+        lines = ",".join(f"{a}-{b}" if a != b else str(a) for a, b in self.ranges)
+        return f"{self.file}:{lines}" + (f" (from {self.caller.text()})" if self.caller else "")
+
+
+_SITE = re.compile(r"([\w./]+):(\d+(?:-\d+)?(?:,\s?\d+(?:-\d+)?)*)(?:\s*\(from\s+([^)]*)\))?$")
+
+
+def site(text: str) -> Site:
+    """The one parser of the card's `file:line` sites (ValueError when `text` is none)."""
+    m = _SITE.match(text.strip()) if isinstance(text, str) else None
+    if m is None:
+        raise ValueError(f"expected file:line, got {text!r}")
+    ranges = []
+    for part in m.group(2).split(","):
+        first, _, last = part.strip().partition("-")
+        ranges.append((int(first), int(last or first)))
+    return Site(m.group(1), tuple(ranges), site(m.group(3)) if m.group(3) else None)
+
+
+def site_of(cid: str, key: str) -> Optional[Site]:
+    """Where constraint `cid` sits in release `key`, or None when it does not hold there."""
+    loc = constraint(cid)["at"].get(key)
+    return None if loc is None else site(loc)
 
 
 def order_in(cid: str, key: str) -> Optional[tuple]:
@@ -102,12 +146,11 @@ def order_in(cid: str, key: str) -> Optional[tuple]:
     ModelParallelConfig's checks run first (through super().__post_init__()); a check in a
     helper module (cgc) is placed at the line that calls it, written `cgc:A-B (from tc:N)`.
     """
-    loc = constraint(cid)["at"].get(key)
-    if loc is None:
+    s = site_of(cid, key)
+    if s is None:
         return None
-    called = re.search(r"\(from\s+(\w+):(\d+)", loc)
-    m = called or _LOCATION.match(loc)
-    return ({"mpc": 0, "tc": 1}.get(m.group(1), 2), int(m.group(2)))
+    s = s.caller or s
+    return ({"mpc": 0, "tc": 1}.get(s.file, 2), s.start)
 
 
 def label(name: str) -> dict:

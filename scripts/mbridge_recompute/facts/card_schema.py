@@ -11,7 +11,6 @@ valid, 1 with one problem per line otherwise).
 
 from __future__ import annotations
 
-import re
 import sys
 from pathlib import Path
 from typing import Any, Callable
@@ -23,7 +22,6 @@ TOP_LEVEL = {
 }
 EXCEPTIONS = {"ValueError", "AssertionError", "TypeError", "NotImplementedError", "KeyError",
               "IndexError", "NameError", "RuntimeError", "ImportError"}
-_LOCATION = re.compile(r"^([\w./]+):\d+")
 SEVERITIES = {"error", "warning", "info"}
 # where a rule bites: TransformerConfig, Megatron-LM training arguments, the first forward,
 # nowhere (a label that silently does nothing), or guidance without an upstream check
@@ -122,11 +120,16 @@ def validate(card: Any) -> list[str]:
             c.bad(p, f"{value!r} runs backwards")
 
     def location(value, p: str) -> None:
-        m = _LOCATION.match(value) if isinstance(value, str) else None
-        if not m:
-            c.bad(p, f"expected file:line, got {value!r}")
-        elif m.group(1) not in abbreviations and "/" not in m.group(1) and not m.group(1).endswith(".py"):
-            c.bad(p, f"{m.group(1)!r} is neither a file name nor a card abbreviation")
+        from mbridge_recompute.facts.card import site
+
+        try:
+            where = site(value)
+        except ValueError as e:
+            c.bad(p, str(e))
+            return
+        for s in (where, where.caller):
+            if s and s.file not in abbreviations and "/" not in s.file and not s.file.endswith(".py"):
+                c.bad(p, f"{s.file!r} is neither a file name nor a card abbreviation")
 
     def label(e: dict, p: str) -> None:
         c.field(e, "label", "str", p)

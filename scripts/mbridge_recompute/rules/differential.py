@@ -454,11 +454,10 @@ def cited_message_problems() -> list:
         if c["kind"] != "config" or entry is None or not entry["message"] or "(from" in entry["at"] \
                 and not files["cgc"].exists():
             continue
-        m = re.match(r"(\w+):(\d+)(?:-(\d+))?", entry["at"])
-        if m is None or m.group(1) not in files:
+        where = card.site(entry["at"])
+        if where.file not in files:
             continue
-        start, end = int(m.group(2)), int(m.group(3) or m.group(2))
-        lines = files[m.group(1)].read_text().splitlines()[start - 1:end]
+        lines = files[where.file].read_text().splitlines()[where.start - 1:where.end]
         want = re.sub(r"\{[^}]*\}", "{}", entry["message"])
         if want.startswith("TransformerConfig.__init__()"):
             continue      # Python's own message for an unknown keyword, not a literal

@@ -172,15 +172,12 @@ def _message_regex(message: str):
     return re.compile(".*?".join(re.escape(p) for p in parts), re.DOTALL)
 
 
-_LOCATION = re.compile(r"([\w./]+):(\d+)(?:-(\d+))?")
-
-
 def _site(cid: str, key: str) -> Optional[tuple]:
     """(file basename, first line, last line) of `cid` in release `key` (card `at`)."""
-    m = _LOCATION.match(card.constraint(cid)["at"].get(key) or "")
-    if not m:
+    s = card.site_of(cid, key)
+    if s is None:
         return None
-    return CONFIG_FILES.get(m.group(1), m.group(1)), int(m.group(2)), int(m.group(3) or m.group(2))
+    return CONFIG_FILES.get(s.file, s.file), s.start, s.end
 
 
 def map_message(message: str, version: str, file: Optional[str] = None, line: Optional[int] = None,
