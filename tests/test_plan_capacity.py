@@ -1,5 +1,5 @@
-"""The budget is cut from what PyTorch reports for the GPU (data/gpus.yaml), and the plan says
-which figure it used."""
+"""The budget is cut from what PyTorch reports for the GPU (the card's `gpus:` section), and the
+plan says which figure it used."""
 
 from __future__ import annotations
 

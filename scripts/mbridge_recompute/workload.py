@@ -263,10 +263,11 @@ class Workload:
     """World size; None means one data-parallel replica."""
     gpu_memory_gb: float = _f(80.0, section="cluster", bound=POSITIVE, origin=OURS)
     """Per GPU: the marketed size (80 for an 80 GB GPU), read as what PyTorch reports for the one
-    GPU of the capacity table with that size (data/gpus.yaml; 80 -> H100 80GB, 79.11 GiB), else
+    GPU of the capacity table with that size (card `gpus:`; 80 -> H100 80GB, 79.11 GiB), else
     as decimal GB. cluster.gpu and cluster.gpu_memory_gib take precedence."""
     gpu: Optional[str] = _f(None, section="cluster", origin=OURS)
-    """The GPU model, a name of the capacity table (h100-80gb, h200, b200, a100-80gb, ...)."""
+    """The GPU model, a name of the card's GPU table (h100-80gb, h200, h20, b200, gb200, b300, gb300,
+    a100-80gb, l40s, ...); decides the FP8 / FP4 recipes the checker accepts."""
     gpu_memory_gib: Optional[float] = _f(None, section="cluster", bound=POSITIVE, origin=OURS)
     """Per GPU, GiB as PyTorch reports it (torch.cuda.get_device_properties().total_memory, the
     'total capacity' of an out-of-memory message)."""

@@ -17,7 +17,8 @@ from typing import Any, Callable
 
 TOP_LEVEL = {
     "schema_version": "int", "name": "str", "title": "str", "releases": "map", "bridge_pins": "list",
-    "abbreviations": "map", "enums": "map", "labels": "list", "constraints": "list",
+    "abbreviations": "map", "enums": "map", "gpus": "map", "precision_recipes": "map",
+    "labels": "list", "constraints": "list",
     "evidence": "list", "limitations": "list",
 }
 EXCEPTIONS = {"ValueError", "AssertionError", "TypeError", "NotImplementedError", "KeyError",
@@ -27,6 +28,8 @@ SEVERITIES = {"error", "warning", "info"}
 # nowhere (a label that silently does nothing), or guidance without an upstream check
 CONSTRAINT_KINDS = {"config", "training-args", "runtime", "silent-no-op", "advice"}
 EVIDENCE_KINDS = {"matched_sweep", "capacity_sweep", "historical"}
+CAPACITY_KINDS = {"cited", "derived"}
+_CC = re.compile(r"^\d+\.\d+$")
 # Conditions every evidence entry states, so that no number travels without its workload.
 EVIDENCE_CONDITIONS = ("model", "hardware", "precision", "parallelism", "seq_length",
                        "micro_batch_size", "global_batch_size", "revisions", "steps",
@@ -162,6 +165,8 @@ def validate(card: Any) -> list[str]:
                     c.bad(f"{p}.at", f"{key!r} is not one of the card's releases")
                 location(loc, f"{p}.at.{key}")
         c.field(e, "params", "map", p, required=False)
+        # where Transformer Engine raises it, for a rule TE decides (file:line @ TE tag)
+        c.field(e, "te_source", "str", p, required=False)
         if c.field(e, "changes", "list", p, required=False):
             for j, ch in enumerate(e["changes"]):
                 cp = f"{p}.changes[{j}]"
@@ -186,6 +191,39 @@ def validate(card: Any) -> list[str]:
 
     for name, rows in (card.get("enums") or {}).items():
         enum(name, rows)
+
+    def gpu(name: str, e) -> None:
+        p = f"gpus.{name}"
+        if not isinstance(e, dict):
+            c.bad(p, "expected a mapping")
+            return
+        for key in ("title", "source", "architecture", "cc_source"):
+            c.field(e, key, "str", p)
+        c.field(e, "aliases", "list", p)
+        for key in ("marketed_gb", "total_gib"):
+            c.field(e, key, "number", p)
+        if c.field(e, "capacity", "str", p) and e["capacity"] not in CAPACITY_KINDS:
+            c.bad(f"{p}.capacity", f"{e['capacity']!r} is not one of {sorted(CAPACITY_KINDS)}")
+        cc = e.get("compute_capability", "missing")
+        if cc == "missing":
+            c.bad(f"{p}.compute_capability", "missing (null for a GPU Transformer Engine does not check)")
+        elif cc is not None and not (isinstance(cc, str) and _CC.match(cc)):
+            c.bad(f"{p}.compute_capability", f"expected 'major.minor' as text, got {cc!r}")
+
+    for name, entry in (card.get("gpus") or {}).items():
+        gpu(name, entry)
+    constraint_ids = {e.get("id") for e in card.get("constraints") or [] if isinstance(e, dict)}
+    for name, e in (card.get("precision_recipes") or {}).items():
+        p = f"precision_recipes.{name}"
+        if not isinstance(e, dict):
+            c.bad(p, "expected a mapping")
+            continue
+        for key in ("min_cc", "below_cc"):
+            if key in e and not (isinstance(e[key], str) and _CC.match(e[key])):
+                c.bad(f"{p}.{key}", f"expected 'major.minor' as text, got {e[key]!r}")
+        if c.field(e, "constraints", "strlist", p):
+            for cid in set(e["constraints"]) - constraint_ids:
+                c.bad(f"{p}.constraints", f"{cid!r} is not a constraint id")
 
     def evidence(e: dict, p: str) -> None:
         for key in ("id", "title", "source", "reading", "control"):

@@ -23,6 +23,7 @@ BLOCKS = {                       # block name -> the files that carry it
     "release-differences": ("references/constraints.md",),
     "constraints": ("references/constraints.md",),
     "limitations": ("references/memory-model.md",),
+    "gpus": ("references/constraints.md",),
 }
 WIDTH = 100                      # SKILL.md's line limit
 KIND_TITLES = {
@@ -154,9 +155,27 @@ def constraint_tables() -> str:
     return "\n".join(out).rstrip()
 
 
+def gpu_table() -> str:
+    """Each GPU: what PyTorch reports, its architecture and compute capability, and the FP8 / FP4
+    recipes Transformer Engine runs on it (card `gpus:` and `precision_recipes:`)."""
+    from mbridge_recompute.facts import gpus
+
+    order = list(gpus.recipes_table())
+    out = ["| GPU (`cluster.gpu`) | PyTorch reports | architecture | compute capability | "
+           + " | ".join(f"`{r}`" for r in order) + " |",
+           "|---|---|---|---|" + "---|" * len(order)]
+    for name, e in gpus.table().items():
+        runs = gpus.recipes_for(name)
+        cells = ["not decided" if runs is None else ("yes" if r in runs else "no") for r in order]
+        out.append(f"| `{name}` ({e['title']}) | {e['total_gib']:.2f} GiB ({e['capacity']}) | "
+                   f"{e['architecture']} | {e['compute_capability'] or '–'} | " + " | ".join(cells) + " |")
+    notes = [f"`{r}`: {e['note']}" for r, e in gpus.recipes_table().items() if e.get("note")]
+    return "\n".join(out + ([""] + notes if notes else []))
+
+
 RENDER = {"label-releases": label_releases, "labels": label_matrix,
           "release-differences": release_differences, "constraints": constraint_tables,
-          "limitations": limitations}
+          "limitations": limitations, "gpus": gpu_table}
 
 
 def block(name: str) -> str:

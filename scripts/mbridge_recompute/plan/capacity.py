@@ -2,7 +2,7 @@
 
 PyTorch reports less than the marketed size and less than nvidia-smi (an H100 80GB: 79.11 GiB,
 84.94 decimal GB). The capacity comes, in this order, from `cluster.gpu_memory_gib` (as PyTorch
-reports it), `cluster.gpu` (the table in data/gpus.yaml, each entry citing where its figure
+reports it), `cluster.gpu` (the card's `gpus:` table, each entry citing where its figure
 comes from), or `cluster.gpu_memory_gb`, read as the one table GPU of that marketed size when
 there is exactly one, else as decimal GB.
 """

@@ -951,6 +951,116 @@ def _cpu_off_te(s: State):
         return Hit("cpu_offloading while te_version says Transformer Engine is absent")
 
 
+# ================================================================== the GPU
+# Transformer Engine asserts FP8 support for every recipe, then the recipe's own check, when the
+# first autocast region is entered (quantization.py:720-759 @ v2.17.1); the thresholds are the
+# card's constraint params, the GPU's compute capability its `gpus:` entry.
+_ARCH_RECIPES = ("blockwise", "mxfp8", "nvfp4")
+
+
+def _precision_recipe(s: State) -> Optional[str]:
+    """The recipe Transformer Engine is asked to run: fp8_recipe under FP8, fp4_recipe under FP4."""
+    if s.w.fp8:
+        return str(s.w.fp8_recipe)
+    if s.w.fp4:
+        return str(s.extra.get("fp4_recipe") or "nvfp4")
+    return None
+
+
+def _gpu(s: State):
+    from mbridge_recompute.facts import gpus
+
+    return gpus.of_workload(s.w)
+
+
+def _cc_text(cc: tuple) -> str:
+    return f"{cc[0]}.{cc[1]}"
+
+
+def _below(cc: tuple, text: str) -> bool:
+    from mbridge_recompute.facts.gpus import cc_tuple
+
+    return cc < cc_tuple(text)
+
+
+@rule("fp8-needs-sm89")
+def _fp8_sm89(s: State):
+    recipe = _precision_recipe(s)
+    gpu = _gpu(s)
+    if recipe is None or gpu.cc is None:
+        return None
+    if _below(gpu.cc, s.params("fp8-needs-sm89")["min_cc"]):
+        return Hit(f"{'fp8' if s.w.fp8 else 'fp4'} recipe {recipe} on {gpu.how}, compute capability "
+                   f"{_cc_text(gpu.cc)}: Transformer Engine runs no FP8 / FP4 recipe below 8.9")
+
+
+@rule("fp8-blockwise-needs-sm90")
+def _fp8_blockwise(s: State):
+    gpu = _gpu(s)
+    if _precision_recipe(s) != "blockwise" or not s.w.fp8 or gpu.cc is None \
+            or _below(gpu.cc, s.params("fp8-needs-sm89")["min_cc"]):
+        return None            # below 8.9 the FP8 check fails first (fp8-needs-sm89)
+    p = s.params("fp8-blockwise-needs-sm90")
+    where = f"{gpu.how}, compute capability {_cc_text(gpu.cc)}"
+    if _below(gpu.cc, p["min_cc"]):
+        return Hit(f"fp8_recipe blockwise on {where}: block-scaled FP8 GEMMs need Hopper or newer")
+    if not _below(gpu.cc, "10.0"):
+        ok = s.te_min(p["hopper_only_before_te"])
+        if ok is None:
+            return Hit(f"fp8_recipe blockwise on {where}: Transformer Engine before "
+                       f"{p['hopper_only_before_te']} runs it on Hopper only; the TE version on the "
+                       "training nodes is unknown (set cluster.te_version)", severity="warning",
+                       upstream=p["message_before_te"])
+        if not ok:
+            return Hit(f"fp8_recipe blockwise on {where} with Transformer Engine {s.te_shown()}: "
+                       f"before {p['hopper_only_before_te']} it runs on Hopper only",
+                       upstream=p["message_before_te"])
+    return None
+
+
+@rule("mxfp8-needs-sm100")
+def _mxfp8(s: State):
+    gpu = _gpu(s)
+    if not s.w.fp8 or _precision_recipe(s) != "mxfp8" or gpu.cc is None \
+            or _below(gpu.cc, s.params("fp8-needs-sm89")["min_cc"]):
+        return None
+    p = s.params("mxfp8-needs-sm100")
+    where = f"{gpu.how}, compute capability {_cc_text(gpu.cc)}"
+    if _below(gpu.cc, p["min_cc"]):
+        return Hit(f"fp8_recipe mxfp8 on {where}: MXFP8 needs Blackwell (B200, GB200, B300, GB300)")
+    if not _below(gpu.cc, p["below_cc"]):
+        return Hit(f"fp8_recipe mxfp8 on {where}: not supported from compute capability "
+                   f"{p['below_cc']} on", upstream=p["message_from_below_cc"])
+    return None
+
+
+@rule("nvfp4-needs-sm100")
+def _nvfp4(s: State):
+    gpu = _gpu(s)
+    if not s.w.fp4 or _precision_recipe(s) != "nvfp4" or gpu.cc is None \
+            or _below(gpu.cc, s.params("fp8-needs-sm89")["min_cc"]):
+        return None
+    if _below(gpu.cc, s.params("nvfp4-needs-sm100")["min_cc"]):
+        return Hit(f"fp4 recipe nvfp4 on {gpu.how}, compute capability {_cc_text(gpu.cc)}: NVFP4 "
+                   "needs Blackwell (B200, GB200, B300, GB300)")
+    return None
+
+
+@rule("precision-recipe-gpu-not-named")
+def _recipe_gpu_unknown(s: State):
+    recipe = _precision_recipe(s)
+    if recipe not in _ARCH_RECIPES:
+        return None
+    gpu = _gpu(s)
+    if gpu.cc is not None:
+        return None
+    if gpu.name is not None:
+        return Hit(f"{recipe} on {gpu.how}: Transformer Engine's compute-capability checks do not "
+                   "apply to this GPU, so whether it runs the recipe is not decided here")
+    return Hit(f"{recipe} runs only on some GPUs (card precision_recipes) and {gpu.how}: "
+               "not checked against the hardware")
+
+
 # ================================================================== silent no-ops
 @rule("mlp-on-moe-layers")
 def _mlp_on_moe(s: State):

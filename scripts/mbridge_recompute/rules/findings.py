@@ -32,7 +32,8 @@ def finding(cid: str, source: str, version: str, detail: Optional[str] = None,
         "fix": c["fix"],
         "source": source,
         "upstream_message": upstream if upstream is not None else c["message"],
-        "citation": c["citation"],
+        # a rule Transformer Engine decides names TE's line too (megatron-core's call site first)
+        "citation": c["citation"] + (f"; {c['te_source']}" if c.get("te_source") else ""),
         "kind": c["kind"],
     }
     return out
