@@ -11,6 +11,7 @@ valid, 1 with one problem per line otherwise).
 
 from __future__ import annotations
 
+import re
 import sys
 from pathlib import Path
 from typing import Any, Callable
