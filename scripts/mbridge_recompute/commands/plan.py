@@ -166,7 +166,7 @@ def render_text(r) -> str:
     cur = r.current
     if cur is not None:
         out.append(f"current setting {cur.setting.describe()}: predicted peak {gb(cur.peak_bytes)} GB, "
-                   f"replay cost {cur.cost_pct:.2f} %, "
+                   f"{_costs(r, cur)}, "
                    + ("fits" if cur.fits else "does not fit" if cur.allowed else
                       "rejected: " + ", ".join(cur.rejected_by)))
     rec = r.recommendation
@@ -186,8 +186,7 @@ def render_text(r) -> str:
         verdict = "fits" if rec.fits else "does NOT fit"
         out.append(f"recommendation: {rec.setting.describe()} ({rec.name}): predicted peak "
                    f"{gb(rec.peak_bytes)} GB on pp_rank {rec.hottest_pp_rank}, "
-                   + ("modelled step cost" if r.alternatives else "replay cost")
-                   + f" {rec.cost_pct:.2f} %, {verdict} the {gb(r.budget_bytes)} GB budget")
+                   f"{_costs(r, rec)}, {verdict} the {gb(r.budget_bytes)} GB budget")
         pure = r.recompute_recommendation
         if r.alternatives and pure is not None and pure.name != rec.name:
             out.append(f"  beside it, the cheapest recompute-only setting: {pure.setting.describe()} "
@@ -206,6 +205,23 @@ def render_text(r) -> str:
         out += [f"  {f['id']}: {f['message']}" for f in r.workload_findings]
     out += ["", "assumptions:"] + [f"  - {a}" for a in r.assumptions]
     return "\n".join(out)
+
+
+def _offloading(r) -> bool:
+    """Whether any candidate offloads activations (then its copy time and host memory show)."""
+    return any(c.rank_host and any(c.rank_host) or c.offload_pct for c in r.candidates)
+
+
+def _costs(r, c) -> str:
+    """A candidate's cost terms in words: the replay, and with offloading its exposed copies and
+    host memory, never netted into each other; with --alternatives the whole step change."""
+    out = f"replay cost {c.replay_pct:.2f} %"
+    if _offloading(r):
+        out += (f", offload copies {c.offload_pct:.2f} % exposed, {gb(c.host_bytes)} GB in pinned "
+                "host memory")
+    if r.alternatives:
+        out += f", modelled step {c.cost_pct:+.2f} %"
+    return out
 
 
 def _rank_table(r) -> list:
@@ -238,16 +254,21 @@ def _label_table(r) -> list:
     from mbridge_recompute.output import table
 
     ranks = len(r.estimate.ranks) if r.per_rank else 0
+    offload = _offloading(r)
     rows = []
     for e in r.labels:
         row = [e.label, "yes" if e.applicable else "no", gb(e.saving_bytes) if e.applicable else "-"]
         row += [gb(e.rank_saving_bytes[k]) if e.applicable else "-" for k in range(ranks)]
-        row += [f"{e.cost_pct:.2f}" if e.applicable else "-", e.reason]
-        rows.append(row)
-    headers = ["label", "applies", "saving GB"] + [f"rank {k}" for k in range(ranks)] + ["cost %", "why"]
+        row += [f"{e.cost_pct:.2f}" if e.applicable else "-"]
+        row += [f"{e.offload_pct:.2f}" if e.applicable else "-"] if offload else []
+        why = e.reason + (f"; adds memory: {e.adds}" if e.applicable and e.adds else "")
+        rows.append(row + [why])
+    offload = _offloading(r)
+    headers = (["label", "applies", "saving GB"] + [f"rank {k}" for k in range(ranks)]
+               + ["replay %"] + (["offload %"] if offload else []) + ["why"])
     return ["recompute labels (saving on the hottest rank vs the [] control"
             + (", then on each pipeline rank)" if ranks else ")"),
-            table(headers, rows, "llr" + "r" * ranks + "rl")]
+            table(headers, rows, "llr" + "r" * ranks + "r" + ("r" if offload else "") + "l")]
 
 
 def _alternatives_table(r) -> list:
@@ -269,18 +290,24 @@ def _frontier_table(r) -> list:
     limit = r.top or TEXT_FRONTIER_ROWS
     ranks = len(r.estimate.ranks) if r.per_rank else 0
     kind = [c.setting.kind for c in front[:limit]] if r.alternatives else None
+    offload = _offloading(r)
     rows = [[c.name] + ([kind[i]] if kind else []) + [gb(c.peak_bytes)]
             + [gb(c.rank_peak(k)) for k in range(ranks)]
-            + [f"{c.cost_pct:.2f}", "yes" if c.fits else "no", c.peak_term]
+            + [f"{c.replay_pct:.2f}"]
+            + ([f"{c.offload_pct:.2f}", gb(c.host_bytes)] if offload else [])
+            + ([f"{c.cost_pct:+.2f}"] if r.alternatives else [])
+            + ["yes" if c.fits else "no", c.peak_term]
             for i, c in enumerate(front[:limit])]
     more = len(front) - min(limit, len(front))
     dominated = sum(1 for c in r.candidates if c.dominated_by is not None)
     rejected = [c for c in r.candidates if not c.allowed]
-    out = [f"frontier (peak vs replay cost; {dominated} dominated and {len(rejected)} rejected "
+    extra = (["offload %", "host GB"] if offload else []) + (["step %"] if r.alternatives else [])
+    out = [f"frontier (peak vs {'modelled step' if r.alternatives else 'replay cost'}; "
+           f"{dominated} dominated and {len(rejected)} rejected "
            f"candidates not shown{f', {more} more points' if more > 0 else ''})",
            table(["candidate"] + (["kind"] if kind else []) + ["peak GB"]
-                 + [f"rank {k}" for k in range(ranks)] + ["cost %", "fits", "peak term"], rows,
-                 "l" + ("l" if kind else "") + "r" + "r" * ranks + "rll")]
+                 + [f"rank {k}" for k in range(ranks)] + ["replay %"] + extra + ["fits", "peak term"],
+                 rows, "l" + ("l" if kind else "") + "r" + "r" * ranks + "r" + "r" * len(extra) + "ll")]
     groups: dict = {}
     for c in rejected:
         groups.setdefault(", ".join(c.rejected_by), []).append(c.name)

@@ -30,11 +30,18 @@ Every modelled quantity a Workload does not hold is a `Knobs` field with a state
 and every assumption is returned as a sentence in `MemoryEstimate.assumptions`.
 """
 
-from mbridge_recompute.memory.cost import change_pct, replay_cost_pct, step_cost, step_cost_pct
+from mbridge_recompute.memory.cost import (
+    StepShares,
+    change_pct,
+    replay_cost_pct,
+    shares,
+    step_cost,
+    step_cost_pct,
+)
 from mbridge_recompute.memory.effects import what_it_drops
 from mbridge_recompute.memory.peak import estimate, first_iteration_peak_bytes
 from mbridge_recompute.memory.types import DEFAULT_KNOBS, PAPER_KNOBS, Knobs, MemoryEstimate, RankMemory
 
 __all__ = ["estimate", "first_iteration_peak_bytes", "what_it_drops", "replay_cost_pct",
-           "step_cost", "step_cost_pct", "change_pct",
+           "step_cost", "step_cost_pct", "change_pct", "shares", "StepShares",
            "MemoryEstimate", "RankMemory", "Knobs", "DEFAULT_KNOBS", "PAPER_KNOBS"]

@@ -202,21 +202,31 @@ def bubble_fraction(p: int, v: int, m: int) -> float:
 
 
 def _cp_exposed(sh: Shape, knobs: Knobs) -> float:
-    """Ring attention (cp_comm_type p2p): each rank passes its K and V chunk on c - 1 times in
-    forward and K, V and their gradients in backward, overlapped with the attention of the
-    chunk in hand; what the attention cannot cover is exposed (per attention layer)."""
+    """Ring attention (cp_comm_type p2p), per attention layer and micro-batch. Each rank passes
+    its K and V chunk on c - 1 times in forward, and K, V and their gradients in backward, each
+    step's transfer overlapped with the attention of the chunk in hand: what the attention
+    cannot cover is exposed. Between the steps, on the compute stream and so never hidden, the
+    partial outputs are merged with the softmax LSE in forward (flash_attn_fwd_out_correction,
+    context_parallel.py:116-127, called at :1654 @ TE v2.9: read out, out_per_step, write out)
+    and the dq / dk / dv partials accumulated in backward (:2294-2437: read and write each):
+    memory-bound kernels priced like replayed ones. So CP > 1 always costs something."""
     if sh.c <= 1:
         return 0.0
-    kv = 2 * sh.elt * sh.g_ * (sh.dqk + sh.dr if sh.mla else sh.d) * sh.T
+    dqk = sh.dqk + sh.dr if sh.mla else sh.d
+    dv = sh.dv if sh.mla else sh.d
+    kv = 2 * sh.elt * sh.g_ * dqk * sh.T
     comm = (sh.c - 1) * kv * knobs.comm_flops_per_byte
     attn = _attn_core_flops(sh, knobs)
-    return max(0.0, comm - attn) + max(0.0, 2 * comm - 2 * attn)
+    out = sh.elt * sh.a_ * dv * sh.T
+    q = sh.elt * sh.a_ * dqk * sh.T
+    merges = (sh.c - 1) * (3 * out + 3 * (q + kv)) * knobs.memory_bound_flops_per_byte
+    return max(0.0, comm - attn) + max(0.0, 2 * comm - 2 * attn) + merges
 
 
 def step_cost(w, knobs: Knobs = DEFAULT_KNOBS, disabled=()) -> StepCost:
     """The modelled step of `w` under its own recompute setting and layout."""
     from mbridge_recompute.memory.offload import offloaded_bytes
-    from mbridge_recompute.memory.recompute import layout_of, modules_of
+    from mbridge_recompute.memory.recompute import full_recompute_units, granularity_of, layout_of, modules_of
     from mbridge_recompute.memory.shape import shape_of
 
     sh = shape_of(w, knobs)
@@ -228,7 +238,10 @@ def step_cost(w, knobs: Knobs = DEFAULT_KNOBS, disabled=()) -> StepCost:
     offload = 0.0
     if sh.offload:
         rate = knobs.pcie_flops_per_byte
-        for k in kinds:
+        # a layer that full recompute checkpoints keeps nothing to offload (as peak.py counts it)
+        kept = [k for k, rec in full_recompute_units(w) if not rec] \
+            if granularity_of(w, disabled) == "full" else kinds
+        for k in kept:
             moved = offloaded_bytes(sh, k, mods, sh.offload) * rate
             fwd = layer_forward_flops(sh, k, knobs)
             offload += max(0.0, moved - fwd) + max(0.0, moved - 2 * fwd)
@@ -241,6 +254,39 @@ def step_cost(w, knobs: Knobs = DEFAULT_KNOBS, disabled=()) -> StepCost:
 def change_pct(step: StepCost, reference: StepCost) -> float:
     """`step` against `reference`, in % of the reference step."""
     return 100.0 * (step.total - reference.total) / reference.total if reference.total else 0.0
+
+
+class StepShares(NamedTuple):
+    """A candidate's modelled step against a reference step (its layout without recompute and
+    without offloading), split so that no term nets another: each in % of the reference step.
+
+    replay_pct   replayed forward work, stretched by the candidate's bubble (>= 0)
+    offload_pct  exposed fine-grained offload copies, stretched likewise (>= 0)
+    cp_pct       the exposed context-parallel exchange of the candidate's own CP (>= 0; part of
+                 layout_pct, shown on its own)
+    layout_pct   the change the layout alone makes: pipeline bubble, micro-batches, per-GPU work,
+                 CP exchange (0 on the reference layout; below 0 only when the bubble shrinks)
+    cost_pct     replay_pct + offload_pct + layout_pct: the whole change of the modelled step
+    """
+    replay_pct: float
+    offload_pct: float
+    cp_pct: float
+    layout_pct: float
+
+    @property
+    def cost_pct(self) -> float:
+        return self.replay_pct + self.offload_pct + self.layout_pct
+
+
+def shares(step: StepCost, reference: StepCost) -> StepShares:
+    """`step` split into its terms against `reference` (see StepShares)."""
+    ref = reference.total
+    if not ref:
+        return StepShares(0.0, 0.0, 0.0, 0.0)
+    stretch = step.microbatches * (1 + step.bubble)
+    layout = step.microbatches * (3 * step.forward + step.cp) * (1 + step.bubble)
+    return StepShares(100.0 * stretch * step.replay / ref, 100.0 * stretch * step.offload / ref,
+                      100.0 * stretch * step.cp / ref, 100.0 * (layout - ref) / ref)
 
 
 def step_cost_pct(w, reference, knobs: Knobs = DEFAULT_KNOBS, disabled=()) -> float:

@@ -61,13 +61,19 @@ def _module_of(sh: Shape, name: str, kind: str):
 
 
 @lru_cache(maxsize=4096)
-def offloaded_bytes(sh: Shape, kind: str, mods: frozenset, modules: frozenset) -> float:
-    """Bytes of one layer's saved tensors (one micro-batch) that `modules` move to the host."""
+def offloaded_components(sh: Shape, kind: str, mods: frozenset, modules: frozenset) -> tuple:
+    """(component, bytes) of one layer's saved tensors (one micro-batch) that `modules` move to
+    the host, by the activation component they belong to."""
     if not modules:
-        return 0.0
-    out = 0.0
+        return ()
+    out: dict = {}
     for x in layer_tensors(sh, kind, mods):
         elements = x.nbytes / (4 if "fp32" in x.name else sh.elt)
         if elements >= MIN_ELEMENTS and _module_of(sh, x.name, kind) in modules:
-            out += x.nbytes
-    return out
+            out[x.component] = out.get(x.component, 0.0) + x.nbytes
+    return tuple(sorted(out.items()))
+
+
+def offloaded_bytes(sh: Shape, kind: str, mods: frozenset, modules: frozenset) -> float:
+    """Bytes of one layer's saved tensors (one micro-batch) that `modules` move to the host."""
+    return sum(b for _, b in offloaded_components(sh, kind, mods, modules))

@@ -20,7 +20,7 @@ from __future__ import annotations
 from functools import lru_cache
 from typing import NamedTuple
 
-from mbridge_recompute.memory.offload import offloaded_bytes
+from mbridge_recompute.memory.offload import offloaded_components
 from mbridge_recompute.memory.recompute import chunk_groups, granularity_of, layout_of, modules_of
 from mbridge_recompute.memory.schedule import inflight_vectors
 from mbridge_recompute.memory.shape import Shape, shape_of
@@ -50,6 +50,7 @@ TERM_LOGITS = "logits+cross-entropy (fp32) on the last stage"
 TERM_GRADS = "gradient buffers of one layer during backward"
 TERM_FORWARD = "forward working set of one layer (SP all-gather, QKV and dispatch buffers)"
 TERM_OFFLOAD = "offloaded activations reloaded for two layers plus gradient buffers during backward"
+TERM_KEPT = "offload kept (last layer)"   # the last stage's last layer: its backward follows at once
 
 
 def _replay_term(layers: int, full: bool) -> str:
@@ -77,6 +78,7 @@ class ChunkMemory(NamedTuple):
     offload_kept: float = 0.0    # offloaded bytes of the chunk's last layer (kept on the GPU when
     #                              its backward follows at once)
     offload_reload: float = 0.0  # two layers' offloaded bytes back on the GPU during backward
+    host: float = 0.0            # bytes per micro-batch in flight that wait in pinned host memory
 
 
 def moe_dispatch_ws(sh: Shape) -> float:
@@ -168,7 +170,7 @@ def chunk_memory(sh: Shape, kinds: tuple, mode: RecomputeMode, first: bool, last
     fwd = bwd = 0.0
     full = mode.granularity == "full"
 
-    offload_last, offload_top = 0.0, []
+    offload_last, offload_top, host = 0.0, [], 0.0
     groups = chunk_groups(mode.granularity, mode.method, mode.num_layers, len(kinds))
     if full and any(rec for _, _, rec in groups):
         ck = rotary_freqs_bytes(sh)
@@ -191,9 +193,13 @@ def chunk_memory(sh: Shape, kinds: tuple, mode: RecomputeMode, first: bool, last
                 if d > replay:
                     replay, replay_layers = d, 1
                 if sh.offload:
-                    moved = offloaded_bytes(sh, k, mode.mods, sh.offload)
+                    # what leaves the GPU is taken out of the component it belongs to, so every
+                    # component stays what the GPU holds (>= 0); the host holds it instead
+                    parts = dict(offloaded_components(sh, k, mode.mods, sh.offload))
+                    moved = sum(parts.values())
                     saved -= moved
-                    _add(comp, {"offloaded to host": -moved})
+                    host += moved
+                    _add(comp, parts, -1.0)
                     offload_last = moved
                     offload_top = sorted((offload_top + [moved]), reverse=True)[:2]
         for k in group:
@@ -232,7 +238,8 @@ def chunk_memory(sh: Shape, kinds: tuple, mode: RecomputeMode, first: bool, last
         b = sh.elt * sh.h * sh.Tr * (1 + len(mtp))
         saved += b
         _add(comp, {"pipeline": b})
-    return ChunkMemory(saved, comp, fwd, bwd, replay, replay_layers, offload_last, sum(offload_top))
+    return ChunkMemory(saved, comp, fwd, bwd, replay, replay_layers, offload_last, sum(offload_top),
+                       host)
 
 
 def _mode(w, disabled=()) -> RecomputeMode:
@@ -392,11 +399,13 @@ def estimate(w, knobs: Knobs = DEFAULT_KNOBS, disabled=()) -> MemoryEstimate:
         comp: dict = {}
         for c, ch in zip(best, chunks):
             _add(comp, ch.components, c)
+        host = sum(c * ch.host for c, ch in zip(best, chunks))
         if r == p - 1 and chunks[-1].offload_kept:
             # the last stage runs each micro-batch's backward right after its forward: the last
             # layer's group is not offloaded (should_bulk_offload)
             activation += chunks[-1].offload_kept
-            _add(comp, {"offloaded to host": chunks[-1].offload_kept})
+            host -= chunks[-1].offload_kept
+            _add(comp, {TERM_KEPT: chunks[-1].offload_kept})
         # transients
         trans = {TERM_FORWARD: max(ch.fwd_ws for ch in chunks),
                  TERM_GRADS: max(ch.bwd_ws for ch in chunks)}
@@ -428,7 +437,7 @@ def estimate(w, knobs: Knobs = DEFAULT_KNOBS, disabled=()) -> MemoryEstimate:
             pp_rank=r, static_bytes=static_total, activation_bytes=activation_i,
             transient_bytes=transient_i,
             peak_term=term, activations={k: round(x) for k, x in sorted(comp.items())},
-            static=static, in_flight_microbatches=sum(best) / v,
+            static=static, in_flight_microbatches=sum(best) / v, host_bytes=max(0, round(host)),
             transients={k: round(x) for k, x in trans.items()},
             params=round(params.total), layers=len(kinds)))
     hottest = max(ranks, key=lambda rk: (rk.peak_bytes, -rk.pp_rank))

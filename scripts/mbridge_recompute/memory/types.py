@@ -54,6 +54,8 @@ class RankMemory:
     transients: dict = field(default_factory=dict)    # candidate transient -> bytes
     params: int = 0                                   # parameters held by this rank (all chunks)
     layers: int = 0                                   # decoder layers held by this rank (all chunks)
+    host_bytes: int = 0               # fine-grained offloading: activations waiting in pinned host
+    #                                   memory at the peak moment (not in the GPU peak)
 
     @property
     def peak_bytes(self) -> int:
@@ -67,7 +69,7 @@ class RankMemory:
             "activations": dict(self.activations), "static": dict(self.static),
             "transients": dict(self.transients),
             "in_flight_microbatches": self.in_flight_microbatches,
-            "params": self.params, "layers": self.layers,
+            "params": self.params, "layers": self.layers, "host_bytes": self.host_bytes,
         }
 
 

@@ -13,7 +13,7 @@ from mbridge_recompute.facts import releases
 from mbridge_recompute.memory.effects import what_it_drops
 from mbridge_recompute.memory.recompute import modules_of
 from mbridge_recompute.memory.shape import shape_of
-from mbridge_recompute.memory.tensors import layer_bytes
+from mbridge_recompute.memory.tensors import layer_bytes, layer_tensors
 from mbridge_recompute.memory.types import DEFAULT_KNOBS
 from mbridge_recompute.plan.evidence import far_above
 from mbridge_recompute.plan.pricing import Pricer
@@ -47,6 +47,43 @@ def _no_op(findings: list, label: str):
 def _partial_no_op(findings: list, label: str):
     return next((f for f in findings if f["kind"] == "silent-no-op"
                  and any(d[0] == label and d[1] != "all" for d in f.get("disables", ()))), None)
+
+
+def _kept(sh, kind: str, mods: frozenset) -> dict:
+    out: dict = {}
+    for x in layer_tensors(sh, kind, mods):
+        out[x.name] = out.get(x.name, 0.0) + x.nbytes
+    return out
+
+
+def adds_memory_because(pricer: Pricer, control: Candidate, single: Candidate,
+                        saving: tuple) -> str:
+    """Why a label raises some rank's peak, from the model itself: the tensors it keeps that
+    the [] control does not (core_attn's checkpoint pins the fused QKV buffer under TE), and a
+    transient (its replay working set) that outgrows what it frees. Empty when it adds nothing."""
+    from mbridge_recompute import memory
+
+    worse = [r for r, x in enumerate(saving) if x < 0]
+    if not worse:
+        return ""
+    w = pricer.w
+    sh = shape_of(w, DEFAULT_KNOBS)
+    mods = modules_of(single.setting.apply(w), single.disabled)
+    reasons = []
+    for kind in dict.fromkeys(w.layer_kinds()):
+        before, after = _kept(sh, kind, NONE), _kept(sh, kind, mods)
+        extra = {n: b - before.get(n, 0.0) for n, b in after.items() if b > before.get(n, 0.0)}
+        if extra:
+            reasons.append(f"in each {kind} layer it keeps " + ", ".join(
+                f"{n} (+{b / 1e6:.1f} MB)" for n, b in sorted(extra.items(), key=lambda kv: -kv[1])))
+    ce = memory.estimate(control.setting.apply(w), disabled=control.disabled)
+    se = memory.estimate(single.setting.apply(w), disabled=single.disabled)
+    for r in worse:
+        grew = se.ranks[r].transient_bytes - ce.ranks[r].transient_bytes
+        if grew > 0:
+            reasons.append(f"on pp_rank {r} the transient at the peak grows by {grew / 1e9:.2f} GB "
+                           f"({se.ranks[r].peak_term})")
+    return "; ".join(dict.fromkeys(reasons))
 
 
 def evaluate_labels(pricer: Pricer, control: Candidate) -> tuple[list, dict]:
@@ -88,11 +125,14 @@ def evaluate_labels(pricer: Pricer, control: Candidate) -> tuple[list, dict]:
         measured = tuple(c.sentence() for c in far_above(label))
         if measured:
             drops += "; its measured cost was far above the model: " + "; ".join(measured)
+        saving = tuple(c - s for c, s in zip(control.rank_peaks, single.rank_peaks))
         effects.append(LabelEffect(
-            label, True, drops, control.model_peak_bytes - single.model_peak_bytes,
-            tuple(c - s for c, s in zip(control.rank_peaks, single.rank_peaks)),
-            round(single.cost_pct, 4),
-            {k: layer_bytes(sh, k, NONE) - layer_bytes(sh, k, mods) for k in kinds}, measured))
+            label, True, drops, control.model_peak_bytes - single.model_peak_bytes, saving,
+            round(single.replay_pct, 4),
+            {k: layer_bytes(sh, k, NONE) - layer_bytes(sh, k, mods) for k in kinds}, measured,
+            offload_pct=round(single.offload_pct, 4),
+            per_layer_bytes={k: layer_bytes(sh, k, NONE) for k in kinds},
+            adds=adds_memory_because(pricer, control, single, saving)))
     return effects, singles
 
 

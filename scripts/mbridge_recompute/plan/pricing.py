@@ -18,8 +18,9 @@ class Pricer:
 
         self.w = w
         self.version = version
-        # costs are changes of the modelled step against the current layout without recompute
-        self.reference = RecomputeSetting.off().apply(w)
+        # costs are changes of the modelled step against the current layout without recompute and
+        # without offloading, so that replay, offload copies and layout are terms of their own
+        self.reference = RecomputeSetting.off().apply(w).replace(fine_grained_activation_offloading=False)
         self.reference_step = memory.step_cost(self.reference)   # once: every price compares to it
         self._check = lambda with_setting: check_workload(with_setting, validator="builtin", version=version)
         self.baseline = self._check(RecomputeSetting.selective().apply(w))
@@ -49,10 +50,12 @@ class Pricer:
         off = disabled_by(findings)
         est = memory.estimate(with_setting, disabled=off)
         step = memory.step_cost(with_setting, disabled=off)
+        terms = memory.shares(step, self.reference_step)
         return Candidate(setting=setting, rank_peaks=tuple(int(r.peak_bytes) for r in est.ranks),
                          rank_terms=tuple(r.peak_term for r in est.ranks),
                          rank_static=tuple(int(r.static_bytes) for r in est.ranks),
-                         cost_pct=float(memory.change_pct(step, self.reference_step)),
+                         rank_host=tuple(int(r.host_bytes) for r in est.ranks),
+                         cost_pct=float(terms.cost_pct), shares=terms,
                          rejected_by=tuple(sorted({f["id"] for f in errors(findings)})),
                          disabled=off, step=step)
 

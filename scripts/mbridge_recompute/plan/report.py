@@ -13,7 +13,7 @@ from mbridge_recompute.plan.calibration import Calibration
 from mbridge_recompute.setting import RecomputeSetting
 
 if TYPE_CHECKING:
-    from mbridge_recompute.memory.cost import StepCost
+    from mbridge_recompute.memory.cost import StepCost, StepShares
 
 CAVEAT = ("The recommendation is a prediction, not a measurement: run it against the matched "
           "selective [] control (run_harness.py --from-plan plan.json) and keep it only if the "
@@ -26,7 +26,7 @@ class Candidate:
     setting: RecomputeSetting
     rank_peaks: tuple                 # modelled peak of every PP rank (bytes)
     rank_terms: tuple                 # the term that sets each rank's peak
-    cost_pct: float                   # modelled replay work as % of the step
+    cost_pct: float                   # the change of the modelled step, % (shares.cost_pct)
     rejected_by: tuple = ()           # error findings this setting adds over the [] control
     offsets: tuple = ()               # calibration per PP rank: the unexplained offset
     rank_static: tuple = ()           # static memory of every PP rank (bytes); () when not modelled
@@ -34,6 +34,8 @@ class Candidate:
     dominated_by: Optional[str] = None
     disabled: tuple = ()              # (label, block) the checker finds switched off, not priced
     step: Optional[StepCost] = None   # its modelled step (memory/cost.py), what cost_pct compares
+    shares: Optional[StepShares] = None   # cost_pct split: replay, offload copies, layout (CP)
+    rank_host: tuple = ()             # fine-grained offloading: pinned host bytes per PP rank
 
     @property
     def name(self) -> str:
@@ -74,6 +76,21 @@ class Candidate:
     def peak_term(self) -> str:
         return self.rank_terms[self.hottest_pp_rank]
 
+    @property
+    def replay_pct(self) -> float:
+        """Replayed forward work as % of the step (>= 0; offload copies never net into it)."""
+        return self.shares.replay_pct if self.shares else 0.0
+
+    @property
+    def offload_pct(self) -> float:
+        """Exposed fine-grained offload copy time as % of the step (>= 0)."""
+        return self.shares.offload_pct if self.shares else 0.0
+
+    @property
+    def host_bytes(self) -> int:
+        """Pinned host memory the offloaded activations take on the hottest rank (>= 0)."""
+        return self.rank_host[self.hottest_pp_rank] if self.rank_host else 0
+
     def to_dict(self) -> dict:
         d = {"name": self.name, "describe": self.setting.describe(), "kind": self.setting.kind}
         d.update(self.setting.as_fields())
@@ -84,7 +101,13 @@ class Candidate:
                   "hottest_pp_rank": self.hottest_pp_rank if m else None, "peak_term": self.peak_term,
                   "rank_peak_bytes": [int(self.rank_peak(r)) for r in ranks] if m else None,
                   "rank_static_bytes": [int(x) for x in self.rank_static] if m else None,
-                  "cost_pct": round(self.cost_pct, 3), "fits": self.fits, "allowed": self.allowed,
+                  "cost_pct": round(self.cost_pct, 3),
+                  "replay_pct": round(self.replay_pct, 3), "offload_pct": round(self.offload_pct, 3),
+                  "cp_pct": round(self.shares.cp_pct, 3) if self.shares else 0.0,
+                  "layout_pct": round(self.shares.layout_pct, 3) if self.shares else 0.0,
+                  "host_bytes": int(self.host_bytes),
+                  "rank_host_bytes": [int(x) for x in self.rank_host] if m else None,
+                  "fits": self.fits, "allowed": self.allowed,
                   "rejected_by": list(self.rejected_by),
                   "switched_off": [f"{label}" + ("" if block == "all" else f" in {block} layers")
                                    for label, block in self.disabled],
@@ -101,14 +124,19 @@ class LabelEffect:
     reason: str                       # why (not) -- from the rules when the config or runtime says so
     saving_bytes: int                 # on the [] control's hottest rank; negative adds memory
     rank_saving_bytes: tuple          # per PP rank: the [] control's peak minus the label's
-    cost_pct: float
+    cost_pct: float                   # its replay work, % of the step (>= 0)
     per_layer_saving_bytes: dict = field(default_factory=dict)   # layer kind -> bytes per micro-batch
     cost_far_below_measured: tuple = ()   # plan/evidence.py sentences: studies where it cost far more
+    offload_pct: float = 0.0          # with offloading: the exposed copy time of its setting, %
+    per_layer_bytes: dict = field(default_factory=dict)    # layer kind -> bytes one layer keeps
+    adds: str = ""                    # why it adds memory (the tensors it pins, a larger replay)
 
     def to_dict(self) -> dict:
         return {"label": self.label, "applicable": self.applicable, "reason": self.reason,
                 "saving_bytes": self.saving_bytes, "rank_saving_bytes": list(self.rank_saving_bytes),
-                "cost_pct": self.cost_pct, "per_layer_saving_bytes": dict(self.per_layer_saving_bytes),
+                "cost_pct": self.cost_pct, "offload_pct": self.offload_pct,
+                "per_layer_saving_bytes": dict(self.per_layer_saving_bytes),
+                "per_layer_bytes": dict(self.per_layer_bytes), "adds_memory_because": self.adds,
                 "cost_far_below_measured": list(self.cost_far_below_measured)}
 
 
