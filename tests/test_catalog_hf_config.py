@@ -101,4 +101,4 @@ def test_bad_config_json_is_an_input_error_naming_the_file(tmp_path, content, wh
 def test_missing_config_json_exits_2_naming_the_file(run_tool, tmp_path):
     p = run_tool("plan", "--hf-config", str(tmp_path / "nope.json"))
     assert p.returncode == 2
-    assert p.stderr.strip() == f"error: --hf-config: no such file: {tmp_path / 'nope.json'}"
+    assert p.stderr.strip() == f"error: --hf-config: {tmp_path / 'nope.json'}: no such file"

@@ -75,8 +75,8 @@ BOMB = "a: &a [x, x, x, x, x, x, x, x, x]\n" + "".join(
 
 
 @pytest.mark.parametrize("config,why", [
-    (f"model:\n  tensor_model_parallel_size: 1\n{BOMB}", "alias bomb"),
-    ("model: &m\n  inner: *m\n", "refers to itself"),
+    (f"model:\n  tensor_model_parallel_size: 1\n{BOMB}", "once aliases are expanded"),
+    ("model: &m\n  inner: *m\n", "a collection that contains it"),
     ("model: " + "[" * 20000, "nesting depth"),
     ("model:\n  seq_length: 4096\n  x: [unclosed\n", "not valid YAML"),
 ])

@@ -249,7 +249,9 @@ model:
   sequence_parallel: true
   seq_length: {seq}
   bf16: true
-  params_dtype: !!python/name:torch.bfloat16 ''
+  params_dtype:
+    _call_: false
+    _target_: torch.bfloat16
   recompute_granularity: selective
   recompute_modules: {modules}
 train:

@@ -8,12 +8,14 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import socket
 import stat
+from pathlib import Path
 
 import pytest
 
-from conftest import run_script
+from conftest import EXAMPLES, ROOT, run_script
 
 
 def _one_json(stdout: str) -> dict:
@@ -62,3 +64,218 @@ def test_force_still_replaces_a_regular_file(tmp_path):
     r = run_script("config", "--modules", "mlp", "--output", str(target), "--force", timeout=60)
     assert r.returncode == 0, r.stderr
     assert "recompute_modules" in target.read_text()
+
+
+# ------------------------------------------------------------------ one reader for every file
+LOGS = ROOT / "tests" / "fixtures" / "logs"
+DUMP = "model:\n  recompute_granularity: selective\n  recompute_modules: [moe_act]\n"
+
+
+def _run_dir(tmp_path, name="run", dump=None, manifest=None, log=None) -> Path:
+    d = tmp_path / name
+    d.mkdir(parents=True, exist_ok=True)
+    if log is None:
+        shutil.copy(LOGS / "pass.log", d / "log.txt")
+    else:
+        (d / "log.txt").write_bytes(log if isinstance(log, bytes) else log.encode())
+    for fname, body in (("ConfigContainer.yaml", dump), ("manifest.json", manifest)):
+        if body is not None:
+            (d / fname).write_bytes(body if isinstance(body, bytes) else body.encode())
+    return d
+
+
+def _exit_codes(d: Path, tools=("check", "compare", "diagnose")) -> dict:
+    out = {}
+    for tool in tools:
+        args = {"check": ["--run", d], "compare": [d], "diagnose": [d]}[tool]
+        r = run_script(tool, *args, "--json", timeout=120)
+        assert "Traceback" not in r.stderr, r.stderr[-800:]
+        _one_json(r.stdout)
+        out[tool] = (r.returncode, r.stderr.strip())
+    return out
+
+
+@pytest.mark.parametrize("case,dump,refused", [
+    ("duplicate key", DUMP + "  recompute_modules: [mlp]\n", "given twice"),
+    ("python tag", DUMP + "  params_dtype: !!python/name:torch.bfloat16 ''\n", "Python tag"),
+    ("5 MiB", DUMP + "  note: '" + "x" * (5 * 1024 * 1024) + "'\n", "bytes, more than"),
+    ("UTF-8 BOM", "\ufeff" + DUMP, None),
+])
+def test_a_config_dump_is_read_or_refused_alike_by_check_run_and_compare(tmp_path, case, dump, refused):
+    codes = _exit_codes(_run_dir(tmp_path, dump=dump), tools=("check", "compare"))
+    for tool, (code, err) in codes.items():
+        if refused:
+            assert code == 2 and refused in err and "ConfigContainer.yaml" in err, (tool, case, err)
+        else:
+            assert code in (0, 1), (tool, case, err)
+
+
+@pytest.mark.parametrize("case,manifest,refused", [
+    ("duplicate key", '{"name": "a", "name": "b"}', "twice"),
+    ("5 MiB", json.dumps({"name": "a", "note": "x" * (5 * 1024 * 1024)}), "bytes, more than"),
+    ("lone surrogate", '{"name": "\\ud800"}', "surrogate"),
+    ("UTF-8 BOM", "\ufeff" + json.dumps({"name": "a"}), None),
+])
+def test_a_manifest_is_read_or_refused_alike_by_check_run_compare_and_diagnose(tmp_path, case, manifest,
+                                                                               refused):
+    codes = _exit_codes(_run_dir(tmp_path, manifest=manifest))
+    for tool, (code, err) in codes.items():
+        if refused:
+            assert code == 2 and refused in err and "manifest.json" in err, (tool, case, err)
+        else:
+            assert code in (0, 1), (tool, case, err)
+
+
+def test_duplicate_keys_in_a_manifest_are_refused(tmp_path):
+    r = run_script("compare", _run_dir(tmp_path, manifest='{"name": "a", "name": "b"}'), "--json")
+    assert r.returncode == 2 and "'name' twice" in r.stderr
+
+
+@pytest.mark.parametrize("fmt", [[], ["--markdown"]])
+def test_a_lone_surrogate_in_a_manifest_is_refused_not_a_traceback(tmp_path, fmt):
+    a = _run_dir(tmp_path, "a", manifest='{"name": "\\ud800"}')
+    r = run_script("compare", a, EXAMPLES / "logs" / "nemotron3nano" / "empty", *fmt)
+    assert r.returncode == 2 and "Traceback" not in r.stderr
+    assert r.stderr.count("\n") == 1 and "surrogate" in r.stderr
+
+
+def test_a_workload_and_a_config_json_with_a_utf8_bom_are_read(tmp_path):
+    w = tmp_path / "w.yaml"
+    w.write_text("\ufeffmodel:\n  num_layers: 4\n  hidden_size: 256\n  num_attention_heads: 4\n",
+                 encoding="utf-8")
+    assert run_script("check", w, "--validator", "builtin").returncode == 0
+    hf = tmp_path / "config.json"
+    config = json.loads((ROOT / "tests/fixtures/hf_configs/meta-llama--Meta-Llama-3-8B.json").read_text())
+    hf.write_text("\ufeff" + json.dumps(config["config"]), encoding="utf-8")
+    r = run_script("plan", "--hf-config", hf, "--json")
+    assert r.returncode in (0, 1), r.stderr
+
+
+@pytest.mark.parametrize("planted", ["link to /dev/zero", "fifo", "directory", "link to nothing",
+                                     "not a mapping"])
+@pytest.mark.parametrize("name", ["ConfigContainer.yaml", "manifest.json"])
+def test_a_planted_dump_or_manifest_is_refused_not_taken_for_absent(tmp_path, planted, name):
+    d = _run_dir(tmp_path)
+    target = d / name
+    if planted == "link to /dev/zero":
+        target.symlink_to("/dev/zero")
+    elif planted == "fifo":
+        os.mkfifo(target)
+    elif planted == "directory":
+        target.mkdir()
+    elif planted == "link to nothing":
+        target.symlink_to(tmp_path / "nowhere")
+    else:
+        target.write_text("[1, 2]\n")
+    tools = ("check", "compare") if name == "ConfigContainer.yaml" else ("check", "compare", "diagnose")
+    for tool, (code, err) in _exit_codes(d, tools).items():
+        assert code == 2 and name in err, (tool, planted, err)
+
+
+@pytest.mark.parametrize("model", [
+    "  recompute_granularity: {a: 1}\n", "  recompute_modules: 5\n", "  recompute_modules: [1, [2]]\n",
+    "  recompute_method: [1]\n", "  recompute_num_layers: x\n"])
+@pytest.mark.parametrize("with_layers", [False, True])
+def test_check_run_refuses_wrong_typed_recompute_values_in_the_dump_with_exit_2(tmp_path, model, with_layers):
+    body = "model:\n" + ("  num_layers: 4\n  hidden_size: 256\n  num_attention_heads: 4\n" if with_layers
+                         else "") + model
+    d = _run_dir(tmp_path, dump=body)
+    for extra in ([], ["--model", "llama3-8b"]):
+        r = run_script("check", "--run", d, *extra, "--json")
+        assert r.returncode == 2 and "Traceback" not in r.stderr, (model, extra, r.stderr)
+        field = model.split(":")[0].strip()
+        assert f"model.{field}" in _one_json(r.stdout)["error"]["field"]
+
+
+def _count_opens(monkeypatch, argv: list, watched: list) -> dict:
+    """How often each of `watched` is opened while the tool runs once in-process."""
+    import builtins
+    import contextlib
+    import io
+
+    from mbridge_recompute import cli
+
+    names = {str(p.resolve()): p.name for p in watched}
+    counts = {p.name: 0 for p in watched}
+
+    def counted(real):
+        def opener(file, *a, **kw):
+            key = os.path.realpath(os.fspath(file)) if isinstance(file, (str, bytes, os.PathLike)) else None
+            if key in names:
+                counts[names[key]] += 1
+            return real(file, *a, **kw)
+        return opener
+
+    monkeypatch.setattr(os, "open", counted(os.open))
+    monkeypatch.setattr(builtins, "open", counted(builtins.open))
+    monkeypatch.setattr(io, "open", counted(io.open))
+    with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
+        with pytest.raises(SystemExit) as done:
+            cli.main(argv)
+    assert done.value.code in (0, 1), done.value.code
+    return counts
+
+
+@pytest.mark.parametrize("tool", ["check", "compare", "diagnose"])
+def test_each_file_of_a_run_is_read_once_per_invocation(tmp_path, monkeypatch, tool):
+    src = EXAMPLES / "logs" / "nemotron3nano" / "moe_act"
+    d = tmp_path / "moe_act"
+    shutil.copytree(src, d)
+    dump = (EXAMPLES / "bridge_dump_llama3_8b.yaml").read_text()
+    (d / "ConfigContainer.yaml").write_text(dump)
+    argv = {"check": ["check", "--run", str(d), "--validator", "builtin", "--json"],
+            "compare": ["compare", str(d), "--json"], "diagnose": ["diagnose", str(d), "--json"]}[tool]
+    files = [d / "log.txt", d / "manifest.json", d / "ConfigContainer.yaml"]
+    counts = _count_opens(monkeypatch, argv, files)
+    want = {"log.txt": 1, "manifest.json": 1, "ConfigContainer.yaml": 0 if tool == "diagnose" else 1}
+    assert counts == want
+
+
+# ------------------------------------------------------------------ log readers: bounded memory
+RSS_CEILING_MB = 140      # runlog's bounds: ~30 MB of interpreter and package, the rest records
+
+
+def _max_rss_mb(argv: list) -> tuple:
+    """(exit code, peak RSS in MB) of one tool run, measured in a wrapper whose only child it is."""
+    import subprocess
+    import sys
+
+    from conftest import SCRIPT_OF, SCRIPTS
+
+    probe = ("import resource, subprocess, sys; p = subprocess.run(sys.argv[1:], stdout=subprocess.DEVNULL, "
+             "stderr=subprocess.DEVNULL); print(p.returncode, resource.getrusage(resource.RUSAGE_CHILDREN)"
+             ".ru_maxrss)")
+    tool, *args = argv
+    out = subprocess.run([sys.executable, "-c", probe, sys.executable, str(SCRIPTS / SCRIPT_OF[tool]),
+                          *map(str, args)], capture_output=True, text=True, timeout=600)
+    code, kib = out.stdout.split()
+    return int(code), int(kib) / 1024
+
+
+def test_log_readers_stay_under_a_memory_ceiling_whatever_the_log_size(tmp_path):
+    """A log larger than the ceiling, made of what costs the most to keep: iteration and Step Time
+    lines past the kept count, exception lines with tracebacks, and lines of nothing in
+    particular. Peak memory stays under RSS_CEILING_MB for every reader (it was ~45x the log)."""
+    import sys
+
+    sys.path.insert(0, str(LOGS))
+    import logformat as lf
+
+    d = tmp_path / "big"
+    d.mkdir()
+    frames = "".join(f'  File "/src/megatron/core/m{i}.py", line {i}, in f{i}\n    x = f{i + 1}()\n'
+                     for i in range(150))
+    with open(d / "log.txt", "w") as fh:
+        n = 110_000
+        for i in range(1, n + 1):
+            fh.write(lf.step_time_line(5.0, 100.0) + "\n" + lf.iteration_line(i, n, 5000.0) + "\n")
+        for i in range(1500):
+            fh.write(f"Traceback (most recent call last):\n{frames}ValueError: case {i} {'y' * 400}\n")
+        fh.write(("XError: " + "z" * 200 + "\n") * 600_000)
+    size_mb = (d / "log.txt").stat().st_size / 2**20
+    assert size_mb > RSS_CEILING_MB
+    for argv in (["compare", d / "log.txt", "--json"], ["diagnose", d / "log.txt", "--json"],
+                 ["check", "--run", d, "--json"]):
+        code, rss = _max_rss_mb(argv)
+        assert code in (0, 1), argv
+        assert rss < RSS_CEILING_MB, f"{argv[0]}: {rss:.0f} MB for a {size_mb:.0f} MB log"

@@ -9,16 +9,25 @@ device -- even with --force); `write` then creates the file exclusively (`O_EXCL
 target, so a symlink planted at the path is replaced, never followed, and a reader never sees
 half a file. `create_exclusive` opens a new file for streaming (a run's log) the same way.
 
-Reading, so that no input can make a tool hang, exhaust memory or print a traceback: only
-regular files are read (`/dev/zero`, a FIFO or a socket is refused before a byte is read), and
-no more than a per-kind limit (`read_bytes`); JSON and YAML are parsed with their nesting,
-aliases and integer sizes bounded (`read_json`, `yaml_tree`), and every failure is an
-`InputError` naming the field.
+Reading: this is the one reader of every file a user hands the tools (workload YAML, Bridge
+config dumps, run manifests, Hugging Face config.json, plan / compare / diagnose reports,
+argument files, training logs), with one policy, so that no tool reads what another refuses:
+
+* regular files only: the file is opened without blocking and asked with fstat what it is, so
+  `/dev/zero`, a FIFO or a socket is refused before a byte is read (and a FIFO cannot hang the
+  open itself); a symbolic link is followed, since the user named it;
+* at most LIMITS[kind] bytes: the size is checked before reading and the read stops one byte
+  past the limit (a file that grows while it is read is refused too);
+* documents are UTF-8, with or without a byte-order mark; logs may also be UTF-16/32
+  (logs/runlog.py decodes them) and are read piece by piece (`open_log`), never whole;
+* YAML and JSON go through inputs/yamlio.py: nesting, alias expansion, integer digits,
+  duplicate keys, non-text keys and lone surrogates bounded or refused, Python tags never
+  constructed;
+* every failure is an `InputError` naming the field (exit 2, one line).
 """
 
 from __future__ import annotations
 
-import json
 import os
 import stat
 import tempfile
@@ -28,14 +37,27 @@ from typing import Any
 from mbridge_recompute.errors import InputError
 from mbridge_recompute.units import MIB
 
-# What one tool reads at most, per kind of file. A long training log is hundreds of MB; a plan,
-# a manifest or a config dump is kilobytes, so 64 MiB already means "not what it claims to be".
-LOG_LIMIT = 1024 * MIB
-DOC_LIMIT = 64 * MIB
-# A YAML/JSON document expands to at most this many values once its aliases are followed
-# (a Bridge ConfigContainer dump holds about two thousand).
-MAX_VALUES = 200_000
-MAX_DEPTH = 200
+# What one tool reads at most, per kind of file: the one limits table. A document is kilobytes
+# (a Bridge ConfigContainer dump ~30 KB, a config.json ~10 KB, a manifest ~2 KB, a plan with
+# --alternatives ~130 KB), so a few MiB already means "not what it claims to be"; a compare report
+# carries one record per rank and run. A long training log is hundreds of MB; it is streamed.
+LIMITS = {
+    "workload": 4 * MIB,          # a workload YAML or a Bridge ConfigContainer dump
+    "config dump": 4 * MIB,       # a run's ConfigContainer.yaml
+    "manifest": 4 * MIB,          # a run's manifest.json
+    "hf config": 4 * MIB,         # a Hugging Face config.json
+    "arguments": 4 * MIB,         # a Megatron-LM argument file (a command line or model_config.yaml)
+    "plan": 16 * MIB,             # `plan --json` (run_harness --from-plan)
+    "report": 16 * MIB,           # `compare --json` / `diagnose --json` (plan --measured)
+    "checkout source": 4 * MIB,   # a file of a Megatron-Bridge checkout read as text, never run
+    "log": 1024 * MIB,            # a training log (streamed: memory does not grow with it)
+}
+LOG_LIMIT = LIMITS["log"]
+# A YAML/JSON document: nesting, values once aliases are expanded, digits of one integer
+# (a dump nests 5 levels and holds ~3,000 values; int() refuses more than 4300 digits)
+MAX_DEPTH = 64
+MAX_NODES = 200_000
+MAX_INT_DIGITS = 4300
 _NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
 
 
@@ -117,150 +139,103 @@ def create_exclusive(path: Path, field: str):
 
 
 # ---------------------------------------------------------------- reading
-def read_bytes(path, field: str, limit: int = DOC_LIMIT) -> bytes:
-    """The bytes of a regular file, at most `limit` of them; InputError naming `field` otherwise."""
+def _describe(field: str, path: str) -> str:
+    return "" if field == path else f"{path}: "      # the path once, in the field or the reason
+
+
+def open_regular(path, field: str, kind: str):
+    """(binary file object, size) of the regular file at `path`; InputError naming `field`."""
     text = str(path)
     if not text.strip():
-        raise InputError(field, "is an empty path")
-    name = "" if field == text else f"{text}: "      # the path once, in the field or the reason
+        raise InputError(field, "is empty")
+    name = _describe(field, text)
     try:
-        st = os.stat(text)
+        fd = os.open(text, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_NOCTTY", 0))
     except FileNotFoundError:
+        if os.path.islink(text):
+            raise InputError(field, f"{name}is a symbolic link to nothing") from None
         raise InputError(field, f"{name}no such file") from None
+    except IsADirectoryError:
+        raise InputError(field, f"{name}is a directory") from None
     except (OSError, ValueError) as exc:      # ValueError: an embedded NUL
         raise InputError(field, f"{name}cannot read: {getattr(exc, 'strerror', None) or exc}") from None
-    if stat.S_ISDIR(st.st_mode):
-        raise InputError(field, f"{name}is a directory")
-    if not stat.S_ISREG(st.st_mode):
-        raise InputError(field, f"{name}is not a regular file (a device, pipe or socket is not read)")
-    if st.st_size > limit:
-        raise InputError(field, f"{name}is {st.st_size} bytes, more than the {limit // MIB} MiB "
-                                "this tool reads")
     try:
-        with open(text, "rb") as fh:
+        st = os.fstat(fd)
+        if stat.S_ISDIR(st.st_mode):
+            raise InputError(field, f"{name}is a directory")
+        if not stat.S_ISREG(st.st_mode):
+            raise InputError(field, f"{name}is not a regular file (a device, pipe or socket is not read)")
+        limit = LIMITS[kind]
+        if st.st_size > limit:
+            raise InputError(field, f"{name}is {st.st_size} bytes, more than the {_mib(limit)} MiB "
+                                    f"read of a {kind}")
+        if hasattr(os, "set_blocking"):
+            os.set_blocking(fd, True)
+        return os.fdopen(fd, "rb"), st.st_size
+    except BaseException:
+        os.close(fd)
+        raise
+
+
+def _mib(limit: int) -> str:
+    return f"{limit / MIB:g}"
+
+
+def read_bytes(path, field: str, kind: str) -> bytes:
+    """The bytes of a regular file, at most LIMITS[kind] of them; InputError naming `field`."""
+    limit = LIMITS[kind]
+    fh, _ = open_regular(path, field, kind)
+    try:
+        with fh:
             data = fh.read(limit + 1)
     except OSError as exc:
-        raise InputError(field, f"{name}cannot read: {exc.strerror or exc}") from None
+        raise InputError(field, f"{_describe(field, str(path))}cannot read: {exc.strerror or exc}") from None
     if len(data) > limit:
-        raise InputError(field, f"{name}grew past the {limit // MIB} MiB this tool reads")
+        raise InputError(field, f"{_describe(field, str(path))}grew past the {_mib(limit)} MiB read of "
+                                f"a {kind}")
     return data
 
 
-def read_stream(stream, field: str, limit: int = LOG_LIMIT) -> bytes:
-    """At most `limit` bytes of an open binary stream (stdin)."""
+def read_stream(stream, field: str, kind: str = "log") -> bytes:
+    """At most LIMITS[kind] bytes of an open binary stream (stdin)."""
+    limit = LIMITS[kind]
     data = stream.read(limit + 1)
     if len(data) > limit:
-        raise InputError(field, f"more than the {limit // MIB} MiB this tool reads")
+        raise InputError(field, f"more than the {_mib(limit)} MiB read of a {kind}")
     return data
 
 
 def decode_utf8(data: bytes, field: str) -> str:
+    """A document's text: UTF-8, a leading byte-order mark dropped (Windows editors write one)."""
     try:
         return data.decode("utf-8-sig")
     except UnicodeDecodeError as exc:
         raise InputError(field, f"is not UTF-8 text (byte {exc.start})") from None
 
 
-def parse_json(text: str, field: str) -> Any:
-    """`json.loads` whose every failure is an InputError naming `field`."""
-    if not text.strip():
-        raise InputError(field, "is empty")
+def read_text(path, field: str, kind: str) -> str:
+    """A document file as text (UTF-8, BOM accepted), within LIMITS[kind]."""
+    return decode_utf8(read_bytes(path, field, kind), field)
+
+
+def read_yaml(path, field: str, kind: str = "workload") -> Any:
+    """A YAML document file as plain data, bounded and unambiguous (inputs/yamlio.py)."""
+    from mbridge_recompute.inputs import yamlio
+
+    return yamlio.load_text(read_text(path, field, kind), field)
+
+
+def read_json(path, field: str, kind: str) -> Any:
+    """A JSON document file as plain data, bounded and unambiguous (inputs/yamlio.py)."""
+    from mbridge_recompute.inputs import yamlio
+
+    return yamlio.load_json_text(read_text(path, field, kind), field, "" if field == str(path) else str(path))
+
+
+def exists(path) -> bool:
+    """Whether anything is at `path`, a dangling symbolic link included (a planted link is input too)."""
     try:
-        return json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise InputError(field, f"is not valid JSON (line {exc.lineno}): {exc.msg}") from None
-    except RecursionError:
-        raise InputError(field, "is nested too deeply to read") from None
-    except ValueError as exc:                 # int() past the 4300-digit conversion limit
-        raise InputError(field, f"holds a number this tool cannot read ({str(exc)[:80]})") from None
-
-
-def read_json(path, field: str, limit: int = DOC_LIMIT) -> Any:
-    return parse_json(decode_utf8(read_bytes(path, field, limit), field), field)
-
-
-def yaml_tree(text: str, field: str, max_values: int = MAX_VALUES, max_depth: int = MAX_DEPTH) -> Any:
-    """A YAML document as plain Python values, refusing alias bombs, cycles and deep nesting.
-
-    The node graph is composed first (aliases stay shared, so a "billion laughs" document is
-    still small there) and its expanded size, depth and cycles are measured on it; only a
-    document within the bounds is constructed. Tags (Bridge dumps carry `_target_` Python tags)
-    are read as the plain mapping, sequence or scalar they hold, never constructed.
-    """
-    import yaml
-
-    base = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
-
-    class _Loader(base):
-        pass
-
-    def _any(loader, suffix, node):
-        if isinstance(node, yaml.MappingNode):
-            return loader.construct_mapping(node, deep=True)
-        if isinstance(node, yaml.SequenceNode):
-            return loader.construct_sequence(node, deep=True)
-        return loader.construct_scalar(node)
-
-    _Loader.add_multi_constructor("", _any)
-    # integers stay text until asked for: a 5000-digit integer must not raise in int()
-    _Loader.add_constructor("tag:yaml.org,2002:int", _int_or_text)
-    loader = _Loader(text)
-    try:
-        node = loader.get_single_node()
-        if node is None:
-            return None
-        _measure(node, field, max_values, max_depth)
-        return loader.construct_document(node)
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        at = f" at line {mark.line + 1}" if mark else ""
-        raise InputError(field, f"is not valid YAML{at}: {getattr(exc, 'problem', None) or exc}") from None
-    except RecursionError:
-        raise InputError(field, "is nested too deeply to read") from None
-    except (TypeError, ValueError) as exc:     # an unhashable key, a value no constructor takes
-        raise InputError(field, f"cannot be read as data: {str(exc)[:120]}") from None
-    finally:
-        loader.dispose()
-
-
-def _int_or_text(loader, node):
-    """YAML's own integer reading, except that an integer past 100 digits stays text."""
-    if len(str(node.value).lstrip("+-")) > 100:
-        return loader.construct_scalar(node)
-    return type(loader).__mro__[1].construct_yaml_int(loader, node)
-
-
-def _measure(root, field: str, max_values: int, max_depth: int) -> None:
-    """Expanded size, depth and cycles of a composed YAML node graph, without recursion."""
-    import yaml
-
-    size: dict = {}                    # id(node) -> expanded value count
-    on_path: set = set()
-    stack = [(root, 0, False)]
-    while stack:
-        node, depth, done = stack.pop()
-        key = id(node)
-        kids = []
-        if isinstance(node, yaml.SequenceNode):
-            kids = node.value
-        elif isinstance(node, yaml.MappingNode):
-            kids = [n for pair in node.value for n in pair]
-        if done:
-            on_path.discard(key)
-            size[key] = 1 + sum(size[id(k)] for k in kids)
-            if size[key] > max_values:
-                raise InputError(field, f"expands to more than {max_values} values (an alias bomb?)")
-            continue
-        if key in size:
-            continue
-        if key in on_path:
-            raise InputError(field, "refers to itself (a YAML alias inside its own anchor)")
-        if depth > max_depth:
-            raise InputError(field, f"is nested more than {max_depth} levels deep")
-        on_path.add(key)
-        stack.append((node, depth, True))
-        for k in kids:
-            if id(k) in on_path:
-                raise InputError(field, "refers to itself (a YAML alias inside its own anchor)")
-            if id(k) not in size:
-                stack.append((k, depth + 1, False))
+        os.lstat(path)
+    except (OSError, ValueError):
+        return False
+    return True

@@ -18,14 +18,21 @@ import shlex
 import sys
 from typing import Any, Callable, Iterable, Sequence
 
-_CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f\x9b]")
+# C0 controls but newline and tab, DEL, the C1 CSI, and lone UTF-16 surrogates (no terminal can
+# encode one: printed raw they end the tool with UnicodeEncodeError)
+_CONTROL = re.compile("[\x00-\x08\x0b-\x1f\x7f\x9b\ud800-\udfff]")
 # a dotted Hydra key=value (model.recompute_modules=[], ++train.x=1) as one word of prose
 _OVERRIDE_WORD = re.compile(r"(?<!\S)((?:\+\+|\+|~)?[A-Za-z_]\w*(?:\.\w+)+=\S*)")
 
 
 def safe_text(text: str) -> str:
     """`text` without terminal control sequences (newlines and tabs stay)."""
-    return _CONTROL.sub(lambda m: f"\\x{ord(m.group(0)):02x}", text)
+    return _CONTROL.sub(_escape, text)
+
+
+def _escape(m: re.Match) -> str:
+    code = ord(m.group(0))
+    return f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}"
 
 
 def shell_token(token: str) -> str:

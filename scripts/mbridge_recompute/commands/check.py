@@ -59,8 +59,9 @@ def run(args) -> int:
         raise InputError("--run-config", "needs --run")
     release = releases.target(args.mcore_version)
     effective = None
+    parsed = None
     if args.run:
-        workload, effective = _run_workload(args, release)
+        workload, effective, parsed = _run_workload(args, release)
     else:
         workload = load_from_args(args, release.requested, default=True)
     report = {"ok": True, "findings": []}
@@ -92,22 +93,19 @@ def run(args) -> int:
 
 
 def _run_workload(args, release):
-    """(the workload that ran, or None when the dump is partial and none was given; the setting)."""
+    """(the workload that ran, or None when the dump is partial and none was given; the setting;
+    the parsed log). The run's files are read once each (logs/rundir.py)."""
     from mbridge_recompute.inputs.loading import load_workload
+    from mbridge_recompute.logs import diagnose
     from mbridge_recompute.logs import effective as eff
     from mbridge_recompute.setting import RecomputeSetting
 
-    setting, dump = eff.read(args.run, args.run_config)
+    setting, dump, parsed = eff.read(args.run, args.run_config, watch=diagnose.LineScan())
     workload = None
     if has_workload(args):
         workload = load_from_args(args, release.requested)
     elif isinstance(dump, dict) and isinstance(dump.get("model"), dict) and "num_layers" in dump["model"]:
-        from pathlib import Path
-
-        from mbridge_recompute.logs.runlog import CONFIG_DUMP, log_of
-
-        path = args.run_config or str(log_of(Path(args.run)).parent / CONFIG_DUMP)
-        workload = load_workload(path, args.sets, mcore_version=release.requested)
+        workload = load_workload(setting.ran_from, args.sets, mcore_version=release.requested, document=dump)
     if workload is not None and setting.ran is not None:
         ran = setting.ran
         mods = ran.get("recompute_modules")
@@ -115,7 +113,7 @@ def _run_workload(args, release):
                                     tuple(mods) if isinstance(mods, list) else None,
                                     ran.get("recompute_method"), ran.get("recompute_num_layers"),
                                     workload.distribute_saved_activations).apply(workload)
-    return workload, setting
+    return workload, setting, parsed
 
 
 def _finding(fid: str, severity: str, message: str, fix: str, citation: str, kind: str,

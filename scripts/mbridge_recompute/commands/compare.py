@@ -59,7 +59,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args) -> int:
-    from mbridge_recompute.logs import compare, runlog
+    from mbridge_recompute.logs import compare
+    from mbridge_recompute.logs.rundir import RunDir
     from mbridge_recompute.output import emit
 
     if args.steady_from is not None and args.steady_from < 1:
@@ -70,7 +71,7 @@ def run(args) -> int:
         raise InputError("--min-steady-steps", "must be >= 1")
     if not 0.0 <= args.min_saving_pct < 100.0:   # written so that nan fails too
         raise InputError("--min-saving-pct", "must be in [0, 100)")
-    runs = [runlog.parse_file(runlog.log_of(a)) for a in args.logs]
+    runs = [RunDir(a).parse() for a in args.logs]
     report = compare.compare(runs, args.control, args.steady_from, args.steady_fraction,
                              args.min_steady_steps, args.min_saving_pct)
     if args.markdown:

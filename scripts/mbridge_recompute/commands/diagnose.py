@@ -48,32 +48,25 @@ def run(args) -> int:
     import sys
 
     from mbridge_recompute.logs import diagnose, runlog
+    from mbridge_recompute.logs.rundir import RunDir
     from mbridge_recompute.output import emit
 
     if args.log is None and args.message is None:
         raise InputError("LOG", "give a log file, '-' for stdin, or --message TEXT")
-    texts, name, manifest = [], "message", None
-    if args.log == "-":
-        from mbridge_recompute.files import read_stream
-
-        text, _, _ = runlog.decode_log(read_stream(sys.stdin.buffer, "stdin"))
-        if not text.strip():
-            raise InputError("stdin", "is empty")
-        texts.append(text)
-        name = "stdin"
-    elif args.log is not None:
-        path = runlog.log_of(args.log)
-        text, _ = runlog.read_text(path)
-        texts.append(text)
-        name = args.log
-        # a harness run directory: its manifest's argv tells what the run was started with
-        manifest = runlog.read_manifest(path)
+    then = []
     if args.message is not None:
         if not args.message.strip():
             raise InputError("--message", "is empty")
-        texts.append(args.message)
-    run_ = runlog.parse_text("\n".join(t.rstrip("\n") for t in texts) + "\n", name=name, path=name)
-    run_.manifest = manifest
+        then = args.message.rstrip("\n").split("\n")
+    scan = diagnose.LineScan()
+    if args.log == "-":
+        run_ = runlog.parse_stream(sys.stdin.buffer, "stdin", "stdin", "stdin", scan, then)
+    elif args.log is not None:
+        # a harness run directory: its manifest's argv tells what the run was started with
+        run_ = RunDir(args.log).parse(scan, name=args.log, then=then, with_config=False)
+        run_.path = run_.name = args.log
+    else:
+        run_ = runlog.parse_lines_into(then, "message", "message", scan)
     report = diagnose.diagnose(run_)
     emit(report, args.json, diagnose.render_text)
     return EXIT_OK if report["explained"] else EXIT_PROBLEM

@@ -76,9 +76,9 @@ GATED_GELU_MODEL_TYPES = {"gemma", "gemma2", "gemma3", "gemma3_text"}
 
 def _read(path: Path) -> dict:
     where = "--hf-config"
-    from mbridge_recompute.inputs.yamlio import read_json
+    from mbridge_recompute import files
 
-    data = read_json(path, where)
+    data = files.read_json(path, where, "hf config")
     if not isinstance(data, dict):
         raise InputError(where, f"{path} must hold a JSON object (a Hugging Face config.json)")
     # Multimodal configs nest the language model.

@@ -19,6 +19,7 @@ parser where it imports (inputs/mlm_args.py).
 
 from __future__ import annotations
 
+import copy
 import difflib
 from pathlib import Path
 from typing import Any, Iterable, Optional
@@ -59,7 +60,9 @@ def read_yaml_text(text: str, where: str) -> dict:
 
 
 def _read_yaml(path: Path, where: str) -> dict:
-    return read_yaml_text(yamlio.read_text(path, where), where)
+    from mbridge_recompute import files
+
+    return read_yaml_text(files.read_text(path, where, "workload"), where)
 
 
 def parse_override(text: str) -> tuple[str, Any]:
@@ -217,9 +220,10 @@ def _sections_to_fields(data: dict, provider: Optional[str]) -> tuple[dict, dict
 def load_workload(path: str | None = None, sets: Iterable[str] = (), model: str | None = None,
                   hf_config: str | None = None, mcore_version: str | None = None,
                   default: bool = False, recipe: str | None = None,
-                  mlm_args: Optional[list] = None) -> Workload:
+                  mlm_args: Optional[list] = None, document: Optional[dict] = None) -> Workload:
     """Build and validate a Workload. `default=True` starts from the embedded default workload
-    when no other source is given."""
+    when no other source is given. `document`: the file at `path`, already read (a run's config
+    dump, which logs/rundir.py reads once for every use)."""
     sets = list(sets)
     data: dict = {}
     source: Optional[str] = None
@@ -250,7 +254,8 @@ def load_workload(path: str | None = None, sets: Iterable[str] = (), model: str 
         data = _merge(data, parsed)
         source = "megatron-lm"
     if path:
-        data = _merge(data, _read_yaml(Path(path), path))
+        doc = copy.deepcopy(document) if document is not None else _read_yaml(Path(path), path)
+        data = _merge(data, doc)
     source = _source_of(data, path or "", source)
     from mbridge_recompute.inputs import bridge
 

@@ -78,11 +78,11 @@ def _tokens(spec: list) -> list:
 
 
 def _from_file(path: Path) -> list:
+    from mbridge_recompute import files
     from mbridge_recompute.inputs import yamlio
-    from mbridge_recompute.inputs.yamlio import read_text
 
     where = f"{WHERE} {path}"
-    text = read_text(path, where)
+    text = files.read_text(path, where, "arguments")
     if path.suffix in (".yaml", ".yml"):
         data = yamlio.load_text(text, where)
         if not isinstance(data, dict) or not isinstance(data.get("MODEL_ARGS"), dict):

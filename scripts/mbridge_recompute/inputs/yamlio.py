@@ -1,40 +1,41 @@
-"""Reading YAML and JSON that a user hands the tools, within bounds, as plain data.
+"""Parsing the YAML and JSON text a user hands the tools, within bounds, as plain data.
 
-A workload file is read in two passes over libyaml's event stream (`CSafeLoader`, the C parser;
-PyYAML's pure-Python one took 121 s and 2 GB on a 6 MB file):
+The files themselves are read by `files.py` (regular files only, LIMITS per kind, UTF-8 with or
+without a BOM); this module turns their text into data with one policy for every document,
+whatever tool reads it. A YAML text is read in two passes over libyaml's event stream
+(`CSafeLoader`, the C parser; PyYAML's pure-Python one took 121 s and 2 GB on a 6 MB file):
 
 1. a scan that refuses, before anything is built, what would make building or walking the
-   document unbounded or ambiguous: more than MAX_BYTES of text, nesting deeper than MAX_DEPTH,
-   more than MAX_NODES nodes once aliases are expanded (an alias bomb is a few lines that expand
-   to billions of nodes), an alias to a collection that is still open (a document that contains
-   itself), a key that is not text (`1: foo`, `true: {...}`, `? [a]`, an empty key), a key given
-   twice in one mapping (YAML's last-wins would silently drop one), and an integer with more
-   digits than Python converts (4300, `sys.get_int_max_str_digits`);
-2. construction with the safe constructor, which after the scan cannot recurse deeply or blow up.
+   document unbounded or ambiguous: nesting deeper than MAX_DEPTH, more than MAX_NODES nodes
+   once aliases are expanded (an alias bomb is a few lines that expand to billions of nodes),
+   an alias to a collection that is still open (a document that contains itself), a key that
+   is not text (`1: foo`, `true: {...}`, `? [a]`, an empty key), a key given twice in one
+   mapping (YAML's last-wins would silently drop one), an integer with more digits than Python
+   converts (4300, `sys.get_int_max_str_digits`), a second document, and any Python tag
+   (`!!python/...`; Bridge writes its dumps with `yaml.safe_dump`, models/config.py:231 @
+   megatron-bridge 0.6.2, which writes none);
+2. construction with the safe constructor, which after the scan cannot recurse deeply or blow up
+   (a tag it does not know is refused there).
+
+JSON (config.json, run manifests, plan / compare / diagnose reports) gets the same policy:
+integer digits, duplicate keys, nesting, and strings holding a lone UTF-16 surrogate (`"\\ud800"`,
+which no terminal or file can encode) refused.
 
 Every refusal is `InputError(where, "line N: ...")`: exit 2, one line.
-
-JSON (Hugging Face config.json, run manifests) gets the same bounds: size, integer digits,
-duplicate keys, and the decoder's own recursion limit turned into a refusal.
-
-Python tags in a Bridge dump (`!!python/...`) are not constructed; such a dump is refused here
-(Bridge's `to_yaml` writes `safe_dump` output, which carries none).
 """
 
 from __future__ import annotations
 
 import json
 import re
-import stat
-from pathlib import Path
 from typing import Any
 
 from mbridge_recompute.errors import InputError
+from mbridge_recompute.files import LIMITS, MAX_DEPTH, MAX_INT_DIGITS, MAX_NODES
 
-MAX_BYTES = 4 * 1024 * 1024      # a Bridge dump is ~30 KB; the largest config.json seen ~10 KB
-MAX_DEPTH = 64                   # a dump nests 5 levels
-MAX_NODES = 200_000              # after alias expansion; a dump has ~3,000
-MAX_INT_DIGITS = 4300            # int() refuses more (Python's int_max_str_digits default)
+# text handed over without a file (a --set value, a recipe's dump) is bounded like the largest file
+MAX_BYTES = max(v for k, v in LIMITS.items() if k != "log")
+_SURROGATE = re.compile("[\ud800-\udfff]")
 _INTISH = re.compile(r"^[-+]?[0-9][0-9_]*$|^[-+]?0[xob][0-9a-fA-F_]+$")
 
 
@@ -87,8 +88,7 @@ def scan(text: str, where: str) -> None:
     """Refuse a YAML text whose construction or use would be unbounded or ambiguous."""
     yaml = _yaml()
     if len(text) > MAX_BYTES:
-        raise InputError(where, f"is {len(text)} characters; at most {MAX_BYTES} are read "
-                                "(a ConfigContainer dump is about 30 KB)")
+        raise InputError(where, f"is {len(text)} characters; at most {MAX_BYTES} are read")
     stack: list[_Frame] = []
     anchors: dict = {}          # anchor -> expanded size, once its node is complete
     open_anchors: set = set()
@@ -224,7 +224,7 @@ def load_text(text: str, where: str) -> Any:
 
 
 def load_json_text(text: str, where: str, path: str = "") -> Any:
-    """A bounded JSON document: size, integer digits and duplicate keys as for YAML."""
+    """A bounded JSON document: integer digits, duplicate keys, nesting and lone surrogates."""
     named = f"{path} " if path else ""
     if len(text) > MAX_BYTES:
         raise InputError(where, f"is {len(text)} characters; at most {MAX_BYTES} are read")
@@ -244,34 +244,34 @@ def load_json_text(text: str, where: str, path: str = "") -> Any:
             out[key] = value
         return out
 
+    if not text.strip():
+        raise InputError(where, f"{named}is empty")
     try:
-        return json.loads(text, parse_int=_int, object_pairs_hook=_pairs)
+        data = json.loads(text, parse_int=_int, object_pairs_hook=_pairs)
     except json.JSONDecodeError as exc:
         msg = " ".join(exc.msg.split())
         raise InputError(where, f"{named}is not valid JSON (line {exc.lineno}): {msg}") from None
     except RecursionError:
         raise InputError(where, f"{named}is nested too deeply to read") from None
+    _check_json_tree(data, where, named)
+    return data
 
 
-def read_text(path, where: str) -> str:
-    """A user's input file as text (at most MAX_BYTES), or InputError naming `where`."""
-    p = Path(path)
-    try:
-        st = p.stat()
-        size = st.st_size
-        if stat.S_ISDIR(st.st_mode):
-            raise InputError(where, f"{path} is a directory, not a file")
-        if not stat.S_ISREG(st.st_mode):      # a pipe would block, a device reports size 0
-            raise InputError(where, f"{path} is not a regular file (a device, pipe or socket is not read)")
-        if size > MAX_BYTES:
-            raise InputError(where, f"{path} is {size} bytes; at most {MAX_BYTES} are read "
-                                    "(a ConfigContainer dump is about 30 KB)")
-        return p.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise InputError(where, f"no such file: {path}") from None
-    except (OSError, UnicodeDecodeError) as exc:
-        raise InputError(where, f"cannot read {path}: {exc.__class__.__name__}") from None
-
-
-def read_json(path: str, where: str) -> Any:
-    return load_json_text(read_text(path, where), where, str(path))
+def _check_json_tree(data: Any, where: str, named: str) -> None:
+    """Nesting within MAX_DEPTH and no lone surrogate in any key or string, without recursion."""
+    stack = [(data, 0)]
+    while stack:
+        node, depth = stack.pop()
+        if isinstance(node, str):
+            if _SURROGATE.search(node):
+                raise InputError(where, f"{named}holds a lone UTF-16 surrogate escape ({node[:40]!a}); "
+                                        "text must be valid Unicode")
+            continue
+        if isinstance(node, (dict, list)):
+            if depth >= MAX_DEPTH:
+                raise InputError(where, f"{named}is nested more than {MAX_DEPTH} levels deep")
+            if isinstance(node, dict):
+                stack.extend((k, depth + 1) for k in node)
+                stack.extend((v, depth + 1) for v in node.values())
+            else:
+                stack.extend((v, depth + 1) for v in node)

@@ -32,7 +32,7 @@ from functools import reduce
 from typing import Optional
 
 from mbridge_recompute.errors import InputError, Rejected
-from mbridge_recompute.logs.runlog import RunLog, is_option
+from mbridge_recompute.logs.runlog import MAX_ITERATIONS, RunLog, is_option
 
 STATUSES = ("pass", "oom", "nan", "incomplete")
 CONTROL_NAMES = ("empty", "[]", "control")
@@ -79,7 +79,12 @@ def summarize(run: RunLog, steady_from: Optional[int] = None, fraction: float = 
     window = [it for _, it in sorted(latest.items())
               if first is not None and first <= it.iteration <= last and it.complete and it.finite]
     interval = log_interval(run)
-    expected = 0 if first is None else max(0, last // interval - (first - 1) // interval)
+    counted_from = first
+    if run.early.count and run.iterations and first is not None:
+        # the earliest iteration lines were not kept (runlog.MAX_ITERATIONS): the window is
+        # judged on the lines that were, and the report says so
+        counted_from = max(first, min(it.iteration for it in run.iterations))
+    expected = 0 if first is None else max(0, last // interval - (counted_from - 1) // interval)
     need = min_steady if min_steady is not None else max(1, expected)
     times = [it.time_ms for it in window if it.time_ms is not None and math.isfinite(it.time_ms)]
     in_window = {it.iteration for it in window}
@@ -126,6 +131,11 @@ def summarize(run: RunLog, steady_from: Optional[int] = None, fraction: float = 
         notes.append(f"the harness recorded status {hstatus!r} (returncode {code})")
     if run.replaced_bytes:
         notes.append(f"{run.replaced_bytes} undecodable byte sequence(s) replaced")
+    if counted_from != first:
+        notes.append(f"the steady window {first}-{last} is judged on iterations {counted_from}-{last}: "
+                     f"a run keeps its last {MAX_ITERATIONS} iteration lines")
+    if run.bounds_note():
+        notes.append(run.bounds_note())
 
     hot, alloc, reserved = run.peak()
     peaks = run.per_rank_peaks()

@@ -37,7 +37,7 @@ from typing import Optional
 
 from mbridge_recompute.logs import signatures
 from mbridge_recompute.logs.oom import OOMEvent
-from mbridge_recompute.logs.runlog import EXC_LINE, RunLog
+from mbridge_recompute.logs.runlog import EXC_LINE, MAX_ERRORS, RunLog
 from mbridge_recompute.output import quote_overrides
 from mbridge_recompute.units import GB, GIB
 
@@ -194,26 +194,75 @@ _CONFIG_FILES = ("transformer_config.py", "model_parallel_config.py", "training/
 _WRAPPER_EXC = ("ChildFailedError", "CalledProcessError", "SystemExit")
 
 
-def _error_findings(run: RunLog) -> list:
-    sigs = signatures.all_signatures()
-    found: dict = {}
-    matched_lines: set = set()
-    match_line = signatures.line_matcher(sigs)
-    for no, line in enumerate(run.lines, start=1):
+class LineScan:
+    """What diagnose reads from a log's lines, gathered while the log is parsed: one pass, and
+    memory bounded whatever the log's size (runlog's `watch`).
+
+    Kept: the first line each known signature matches and how many lines matched it, the line
+    numbers that matched (at most MAX_MATCHED: the exception records they spare from a second
+    classification are the first runlog.MAX_ERRORS), the line right after a Hydra parse error
+    (Hydra prints its reason there), and at most MAX_COMMAND_LINES lines that show a harness
+    command line.
+    """
+
+    MAX_MATCHED = 4 * MAX_ERRORS
+    MAX_COMMAND_LINES = 20
+
+    def __init__(self):
+        self.sigs = signatures.all_signatures()
+        self._match = signatures.line_matcher(self.sigs)
+        self.found: dict = {}
+        self.matched_lines: set = set()
+        self.command_lines: list = []
+        self.after: dict = {}            # line number -> the text of the line after it
+        self._waiting: Optional[int] = None
+
+    def __call__(self, no: int, line: str) -> None:
+        if self._waiting is not None:
+            if no == self._waiting + 1:
+                self.after[self._waiting] = line[:300]
+            self._waiting = None
         if not line:
-            continue
-        sig = match_line(line)
+            return
+        if len(self.command_lines) < self.MAX_COMMAND_LINES and (
+                "--recompute_mod" in line or "-rl" in line or "--recompute_num_layers" in line):
+            self.command_lines.append((no, line[:2000]))
+        sig = self._match(line)
         if sig is None:
-            continue
-        matched_lines.add(no)
-        if sig.id in found:
-            found[sig.id]["count"] += 1
-            continue
+            return
+        if len(self.matched_lines) < self.MAX_MATCHED:
+            self.matched_lines.add(no)
+        if sig.id == "hydra-override-parse-error":
+            self._waiting = no
+        if sig.id in self.found:
+            self.found[sig.id]["count"] += 1
+            return
         finding = _sig_finding(sig, f"line {no}: {line.strip()[:300]}", no)
         if EXC_LINE.match(line.strip()):
             # raised, not warned: whatever the card's severity for a config check, the run failed here
             finding["severity"] = "error"
-        found[sig.id] = dict(finding, count=1)
+        self.found[sig.id] = dict(finding, count=1)
+
+    @classmethod
+    def of_lines(cls, lines) -> "LineScan":
+        scan = cls()
+        for no, line in enumerate(lines, start=1):
+            scan(no, line)
+        return scan
+
+
+def scan_of(run: RunLog) -> LineScan:
+    """The scan made while `run` was parsed, else one over the lines it kept."""
+    if not isinstance(run.scan, LineScan):
+        run.scan = LineScan.of_lines(run.lines)
+    return run.scan
+
+
+def _error_findings(run: RunLog) -> list:
+    scan = scan_of(run)
+    sigs = scan.sigs
+    found = {k: dict(v) for k, v in scan.found.items()}
+    matched_lines = scan.matched_lines
     unknown = []
     for err in run.errors:
         if err.line in matched_lines:
@@ -270,10 +319,7 @@ def _command_lines(run: RunLog) -> list:
     argv = (run.manifest or {}).get("argv")
     if isinstance(argv, list):
         out.append((None, " ".join(map(str, argv))))
-    for no, line in enumerate(run.lines, start=1):
-        if "--recompute_mod" in line or "-rl" in line or "--recompute_num_layers" in line:
-            out.append((no, line))
-    return out
+    return out + list(scan_of(run).command_lines)
 
 
 def _argv_findings(run: RunLog, found: list) -> list:
@@ -311,9 +357,10 @@ def _argv_findings(run: RunLog, found: list) -> list:
 
 def _hydra_detail(run: RunLog, found: list) -> None:
     """Hydra prints the reason on the next line ("missing EQUAL at '<EOF>'"): a bare word."""
+    after = scan_of(run).after
     for f in found:
         if f.get("id") == "hydra-override-parse-error" and f.get("line"):
-            nxt = run.lines[f["line"]] if f["line"] < len(run.lines) else ""
+            nxt = after.get(f["line"], "")
             if "missing EQUAL" in nxt:
                 f["evidence"] += f"; next line: {nxt.strip()[:120]} (a bare word, not key=value)"
 
@@ -324,15 +371,21 @@ def diagnose(run: RunLog) -> dict:
     findings = _oom_findings(run) + errors + _argv_findings(run, errors)
     explained = any(f["kind"] in EXPLAINING_KINDS or
                     (f["kind"] in ("config", "runtime") and f["severity"] == "error") for f in findings)
-    return {"source": run.path or run.name, "findings": findings, "explained": explained,
-            "ooms": len(run.ooms), "last_iteration": run.last_iteration,
-            "memory_reports": len(run.memory)}
+    report = {"source": run.path or run.name, "findings": findings, "explained": explained,
+              "ooms": len(run.ooms), "last_iteration": run.last_iteration,
+              "memory_reports": len(run.memory)}
+    note = run.bounds_note()
+    if note:
+        report["notes"] = [note]
+    return report
 
 
 def render_text(report: dict) -> str:
+    notes = [f"note: {n}" for n in report.get("notes", [])]
     if not report["findings"]:
-        return f"{report['source']}: nothing recognisable (no OOM, no known recompute error)"
-    lines = [f"{report['source']}:"]
+        return "\n".join([f"{report['source']}: nothing recognisable (no OOM, no known recompute error)",
+                          *notes])
+    lines = [f"{report['source']}:", *notes]
     for i, f in enumerate(report["findings"], 1):
         ident = f.get("constraint_id") or f.get("id")
         tag = f["kind"] + (f" [{ident}]" if ident else "") \

@@ -33,7 +33,6 @@ from pathlib import Path
 from typing import Optional
 
 from mbridge_recompute.errors import InputError
-from mbridge_recompute.logs import runlog
 
 FIELDS = ("recompute_granularity", "recompute_modules", "recompute_method", "recompute_num_layers")
 _HYDRA = re.compile(r"^(\+\+|\+)?model\.(recompute_granularity|recompute_modules|recompute_method|"
@@ -141,28 +140,33 @@ def requests_of(argv: list) -> tuple[list, bool]:
     return hydra + flags, False
 
 
-def _dump(path: Path) -> Optional[dict]:
-    from mbridge_recompute.inputs import yamlio
-    from mbridge_recompute.inputs.yamlio import read_text
+def _ran(dump: Optional[dict], where: str) -> Optional[dict]:
+    """The four recompute fields of the dump's model section, each of the type megatron-core
+    reads (values.coerce, as a workload's own), or None without a model section."""
+    from mbridge_recompute.inputs.values import coerce
 
-    data = yamlio.load_text(read_text(path, str(path)), str(path))
-    return data if isinstance(data, dict) else None
+    model = dump.get("model") if dump is not None else None
+    if model is None:
+        return None
+    if not isinstance(model, dict):
+        raise InputError(f"{where}: model", f"must be a mapping, got {type(model).__name__}")
+    return {k: coerce(k, model.get(k), f"{where}: model.{k}") for k in FIELDS}
 
 
-def read(run: str, config: Optional[str] = None) -> tuple[RunSetting, Optional[dict]]:
-    """(the run's setting, the dumped ConfigContainer as a mapping or None)."""
-    given = Path(run)
-    if not given.exists():
+def read(run: str, config: Optional[str] = None, watch=None) -> tuple[RunSetting, Optional[dict], object]:
+    """(the run's setting, the dumped ConfigContainer as a mapping or None, the parsed log).
+
+    Each of the run's files is read once (logs/rundir.py)."""
+    from mbridge_recompute.logs.rundir import RunDir
+
+    if not str(run).strip():
+        raise InputError("--run", "is empty")
+    if not Path(run).exists() and not Path(run).is_symlink():
         raise InputError("--run", f"no such run directory or log: {run}")
-    log = runlog.log_of(given)
-    if given.is_dir() and not log.is_file():
-        raise InputError("--run", f"{run} holds no {runlog.LOG}")
-    manifest = runlog.read_manifest(log)
-    dump_path = Path(config) if config else log.parent / runlog.CONFIG_DUMP
-    if config and not dump_path.is_file():
-        raise InputError("--run-config", f"no such file: {config}")
-    dump = _dump(dump_path) if dump_path.is_file() else None
-    parsed = runlog.parse_file(log)
+    rd = RunDir(run, field="--run", config=config)
+    manifest = rd.manifest
+    dump = rd.dump
+    parsed = rd.parse(watch)
     argv = [str(a) for a in (manifest or {}).get("argv") or []]
     requests, use_recipes = requests_of(argv)
     if manifest and isinstance(manifest.get("setting"), dict):
@@ -173,20 +177,21 @@ def read(run: str, config: Optional[str] = None) -> tuple[RunSetting, Optional[d
         for r in requests:
             asked[r.field] = r.value
         asked_from = "argv" if argv else "nothing (no manifest): only what ran is reported"
-    ran = None
-    model = dump.get("model") if isinstance(dump, dict) else None
-    if isinstance(model, dict):
-        ran = {k: model.get(k) for k in FIELDS}
+    ran = _ran(dump, rd.dump_field)
     error = None
     if parsed.errors:
         e = parsed.errors[0]
         error = f"{e.exc_type}: {e.message}" if e.message else e.exc_type
-    setting = RunSetting(run=str(run), asked=asked, asked_from=asked_from, ran=ran,
-                         ran_from=str(dump_path) if ran is not None else "no config dump (the run did not "
-                         "reach the point where the rank writes it)", requests=requests,
-                         error=error, use_recipes=use_recipes, argv=argv)
+    if ran is not None:
+        ran_from = str(rd.dump_path)
+    elif dump is not None:
+        ran_from = f"{rd.dump_path} has no model: section"
+    else:
+        ran_from = "no config dump (the run did not reach the point where the rank writes it)"
+    setting = RunSetting(run=str(run), asked=asked, asked_from=asked_from, ran=ran, ran_from=ran_from,
+                         requests=requests, error=error, use_recipes=use_recipes, argv=argv)
     setting.differences = differences(setting)
-    return setting, dump
+    return setting, dump, parsed
 
 
 def differences(s: RunSetting) -> list:

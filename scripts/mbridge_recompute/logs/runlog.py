@@ -11,7 +11,11 @@ What this module tolerates, on purpose:
 * truncation: a log cut mid-line is read up to the cut; an iteration line that
   lacks its last field (`number of nan iterations`) is kept but marked
   incomplete, so a cut is never mistaken for a non-finite loss;
-* broken bytes: the file is read as bytes and decoded with errors="replace".
+* broken bytes: the file is read as bytes and decoded with errors="replace";
+* size: a log is read in CHUNK-byte pieces and parsed line by line, and what a run keeps is
+  bounded (the MAX_* counts below), so the memory a reader needs does not grow with the file:
+  a 1 GiB log costs what a 10 MB one does (tests/test_hostile_surfaces.py measures it). What a
+  bound left out is counted in `RunLog.dropped`, and the readers say so.
 
 Units: Bridge's runtime memory report is decimal GB (bytes / 1e9,
 train_utils.py:1203-1209); Megatron-LM's is MiB (common_utils.py:313-334), which
@@ -26,6 +30,7 @@ from __future__ import annotations
 
 import math
 import re
+from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterable, Optional
@@ -92,8 +97,27 @@ MANIFEST = "manifest.json"
 CONFIG_DUMP = "ConfigContainer.yaml"     # what the harness passes as --save_config_filepath
 
 
+# ---------------------------------------------------------------- bounds
+# What one parsed run holds at most, whatever the size of its log. Real harness runs log a few
+# hundred iteration lines and tens of memory reports per rank; these counts are far above that
+# and keep a parsed run within tens of MB (an iteration record is ~200 bytes).
+CHUNK = 1 << 20                 # bytes read and decoded at a time
+MAX_LINE_CHARS = 1 << 20        # a longer line is cut there (its rest, up to the newline, skipped)
+MAX_ITERATIONS = 100_000        # the last ones are kept: the steady window is the end of a run
+MAX_STEP_TIMES = 100_000        # the last ones, like the iteration lines they pair with
+MAX_MEMORY_REPORTS = 100_000    # the first ones (1,000 ranks x 100 reports)
+MAX_THEORETICAL = 1_000
+MAX_ERRORS = 1_000              # the first exception lines; every one is still scanned
+MAX_OOMS = 200                  # distinct OOM events, the first ones
+MAX_FRAMES = 100                # of one traceback: the outermost 30 and the innermost 70
+MAX_TEXT = 2_000                # characters of one error message kept
+MAX_KEPT_LINES = 20_000         # lines kept for a caller that did not scan them while parsing
+MAX_KEPT_LINE = 4_096           # characters of a kept line
+MAX_NON_FINITE = 100            # iteration numbers listed as non-finite (all are counted)
+
+
 # ---------------------------------------------------------------- records
-@dataclass
+@dataclass(slots=True)
 class Iteration:
     iteration: int
     total: int
@@ -119,7 +143,7 @@ class Iteration:
         return not self.nan_iterations
 
 
-@dataclass
+@dataclass(slots=True)
 class MemoryReport:
     rank: int
     after: int                       # "(after K iterations)"
@@ -131,14 +155,14 @@ class MemoryReport:
     line: int = 0
 
 
-@dataclass
+@dataclass(slots=True)
 class StepTime:
     seconds: float
     tflops: float
     line: int = 0
 
 
-@dataclass
+@dataclass(slots=True)
 class Theoretical:
     weight_optimizer_mib: float
     activation_mib: Optional[float]
@@ -146,7 +170,7 @@ class Theoretical:
     line: int = 0
 
 
-@dataclass
+@dataclass(slots=True)
 class ErrorEvent:
     """An exception line (`ValueError: ...`), with the frames of its traceback."""
     exc_type: str
@@ -154,6 +178,28 @@ class ErrorEvent:
     line: int
     stream: str = ""
     frames: list = field(default_factory=list)
+
+
+@dataclass
+class _Dropped:
+    """What the iteration lines no longer kept (past MAX_ITERATIONS) said, in sum."""
+    count: int = 0
+    max_total: Optional[int] = None
+    max_iteration: int = 0
+    reached_two: bool = False
+    skipped: int = 0
+    nan_iterations: int = 0
+    non_finite: list = field(default_factory=list)
+
+    def add(self, it: Iteration) -> None:
+        self.count += 1
+        self.max_total = it.total if self.max_total is None else max(self.max_total, it.total)
+        self.max_iteration = max(self.max_iteration, it.iteration)
+        self.reached_two = self.reached_two or it.iteration >= 2
+        self.skipped += it.skipped or 0
+        self.nan_iterations += it.nan_iterations or 0
+        if not it.finite and len(self.non_finite) < MAX_NON_FINITE:
+            self.non_finite.append(it.iteration)
 
 
 @dataclass
@@ -173,28 +219,37 @@ class RunLog:
     manifest: Optional[dict] = None
     config: Optional[dict] = None    # the run's ConfigContainer.yaml, flattened to dotted keys
     setting: Optional[str] = None
-    # every line, prefixes stripped, for diagnose; iteration / Step Time / memory lines are
-    # blanked (kept as "" so numbering holds) since no error text lives in them
+    # lines (prefixes stripped) for a caller that did not scan them while parsing: iteration /
+    # Step Time / memory lines and tracebacks are blanked ("" keeps the numbering), at most
+    # MAX_KEPT_LINES of them, each cut to MAX_KEPT_LINE characters
     lines: list = field(default_factory=list)
+    line_count: int = 0
     replaced_bytes: int = 0
     truncated: bool = False          # last line had no newline
+    encoding: str = "utf-8"
+    dropped: dict = field(default_factory=dict)     # what a bound left out: {kind: count}
+    early: _Dropped = field(default_factory=_Dropped)
+    scan: object = None              # the line watcher the parse fed (logs/diagnose.LineScan)
 
     # ---- derived
     @property
     def target_iterations(self) -> Optional[int]:
         totals = [it.total for it in self.iterations]
+        if self.early.max_total is not None:
+            totals.append(self.early.max_total)
         return max(totals) if totals else None
 
     @property
     def last_iteration(self) -> int:
-        return max((it.iteration for it in self.iterations), default=0)
+        return max(max((it.iteration for it in self.iterations), default=0), self.early.max_iteration)
 
     @property
     def optimizer_initialised(self) -> bool:
         """A memory report after K >= 2 iterations or an iteration >= 2 line: the first
         optimizer step (which creates the optimizer state) has completed
         (train_utils.py:1151-1154: "memory after the second iteration ... include optimizer state")."""
-        return any(m.after >= 2 for m in self.memory) or any(it.iteration >= 2 for it in self.iterations)
+        return (self.early.reached_two or any(m.after >= 2 for m in self.memory)
+                or any(it.iteration >= 2 for it in self.iterations))
 
     def per_rank_peaks(self, at: Optional[int] = None) -> dict:
         """{rank: (after_k, max_allocated_gb, max_reserved_gb)}.
@@ -224,15 +279,16 @@ class RunLog:
 
     @property
     def skipped_iterations(self) -> int:
-        return sum(it.skipped or 0 for it in self.iterations)
+        return self.early.skipped + sum(it.skipped or 0 for it in self.iterations)
 
     @property
     def nan_iterations(self) -> int:
-        return sum(it.nan_iterations or 0 for it in self.iterations)
+        return self.early.nan_iterations + sum(it.nan_iterations or 0 for it in self.iterations)
 
     @property
     def non_finite(self) -> list:
-        return [it.iteration for it in self.iterations if not it.finite]
+        kept = [it.iteration for it in self.iterations if not it.finite]
+        return (self.early.non_finite + kept)[:MAX_NON_FINITE] if self.early.non_finite else kept
 
     def step_time_at(self) -> list:
         """Pair each Step Time line with the logged iteration it belongs to.
@@ -240,10 +296,24 @@ class RunLog:
         Rank 0 prints it once per log interval, in the same `training_log` call as
         the iteration line (train_utils.py:1036-1051 before :1088), so the k-th
         Step Time line belongs to the k-th logged iteration. Extra lines (a cut
-        log) get no iteration.
+        log) get no iteration. When the earliest lines were not kept (past
+        MAX_ITERATIONS), the pairs are counted from the end instead: the last Step Time
+        line belongs to the last logged iteration.
         """
         its = sorted({it.iteration for it in self.iterations})
+        if self.early.count or self.dropped.get("step times"):
+            shift = len(its) - len(self.step_times)
+            return [(its[i + shift] if 0 <= i + shift < len(its) else None, st)
+                    for i, st in enumerate(self.step_times)]
         return [(its[i] if i < len(its) else None, st) for i, st in enumerate(self.step_times)]
+
+    def bounds_note(self) -> Optional[str]:
+        """One sentence on what the bounds left out of this run, or None."""
+        parts = [f"{n} {kind}" for kind, n in self.dropped.items() if n]
+        if not parts:
+            return None
+        return ("the log is larger than what one run keeps: " + ", ".join(parts)
+                + " were not kept (counted and scanned, not stored)")
 
 
 def _max(a, b):
@@ -330,6 +400,14 @@ def parse_memory(text: str, line: int = 0) -> Optional[MemoryReport]:
 class _Stream:
     frames: Optional[list] = None
     after_frame: bool = False        # the next indented line is the frame's source line
+    dropped_frames: int = 0
+
+    def add_frame(self, frame: Frame) -> None:
+        """Keep the outermost 30 and the innermost MAX_FRAMES - 30 frames of a traceback."""
+        self.frames.append(frame)
+        if len(self.frames) > MAX_FRAMES:
+            del self.frames[30]
+            self.dropped_frames += 1
 
 
 _CARETS = re.compile(r"^\s*[\^~]+\s*$")      # Python 3.11+ error-location markers
@@ -392,137 +470,297 @@ def normalize(text: str) -> str:
     return text
 
 
-def read_text(path: Path, field: str | None = None) -> tuple:
-    """(text, replaced_count) of a log; InputError when it is unreadable, not a file or empty."""
-    from mbridge_recompute.files import LOG_LIMIT, read_bytes
+class LogText:
+    """The lines of a log read from a binary stream CHUNK bytes at a time, never all at once.
 
-    p = Path(path)
-    field = field or str(p)
-    if p.is_dir():
-        raise InputError(field, f"is a directory without {LOG}")
-    data = read_bytes(p, field, LOG_LIMIT)
-    text, replaced, _ = decode_log(data)
-    if not text.strip():
-        raise InputError(field, "is empty")
-    return text, replaced
+    The encoding is told from the first bytes (`detect_encoding`); undecodable bytes become
+    U+FFFD and are counted (`replaced`); CRLF and a lone CR end a line, ANSI sequences are
+    removed (`normalize`); a line longer than MAX_LINE_CHARS is cut there and the rest of it
+    skipped (`cut`). `truncated`: the last line had no newline. At most `limit` bytes are read;
+    one more is bad input naming `field`.
+    """
+
+    def __init__(self, stream, field: str, limit: int):
+        self.stream, self.field, self.limit = stream, field, limit
+        self.replaced = 0
+        self.truncated = False
+        self.cut = 0
+        self.encoding = "utf-8"
+        self.bytes_read = 0
+        self.any_text = False      # a line with more than whitespace was read
+
+    def _count(self, exc: UnicodeDecodeError):
+        self.replaced += 1
+        return "\ufffd", exc.end
+
+    def __iter__(self):
+        import codecs
+
+        first = self._read()
+        self.encoding = detect_encoding(first)
+        bom = next((b for b, name in _BOMS if name == self.encoding and first.startswith(b)), b"")
+        handler = f"mbridge-recompute-count-{id(self)}"
+        codecs.register_error(handler, self._count)
+        decoder = codecs.getincrementaldecoder(self.encoding)(errors=handler)
+        pending = ""
+        skipping = False           # inside the rest of a line that was cut
+        data, final = first[len(bom):], not first
+        while True:
+            text = decoder.decode(data, final=final)
+            if text:
+                if not final and text.endswith("\r"):
+                    text, hold = text[:-1], "\r"     # a CRLF split across two pieces
+                else:
+                    hold = ""
+                pending += text
+                if "\r" in pending:
+                    pending = pending.replace("\r\n", "\n").replace("\r", "\n")
+                rows = pending.split("\n")
+                pending = rows.pop() + hold
+                for row in rows:
+                    if skipping:
+                        skipping = False
+                        continue
+                    if not self.any_text and row.strip():
+                        self.any_text = True
+                    yield _strip_ansi(row)
+                if len(pending) > MAX_LINE_CHARS:
+                    if not skipping:
+                        self.cut += 1
+                        self.any_text = True
+                        yield _strip_ansi(pending[:MAX_LINE_CHARS])
+                    skipping, pending = True, ""
+            if final:
+                break
+            data = self._read()
+            final = not data
+        if pending and not skipping:
+            self.truncated = True
+            self.any_text = self.any_text or bool(pending.strip())
+            yield _strip_ansi(pending)
+        elif skipping:
+            self.truncated = True
+
+    def _read(self) -> bytes:
+        data = self.stream.read(CHUNK)
+        self.bytes_read += len(data)
+        if self.bytes_read > self.limit:
+            raise InputError(self.field, f"grew past the {self.limit // MIB} MiB read of a log")
+        return data
 
 
-def parse_text(text: str, name: str = "log", path: str = "") -> RunLog:
-    """Parse a whole log's text. Never raises on content."""
-    # a long log becomes millions of small records that hold no reference cycles; the cyclic
-    # collector rescanning them again and again cost a third of the parse time of a 1.2M-
-    # traceback log, so it pauses while they are built
-    import gc
-
-    paused = gc.isenabled()
-    gc.disable()
-    try:
-        return _parse_text(text, name, path)
-    finally:
-        if paused:
-            gc.enable()
+def _strip_ansi(line: str) -> str:
+    return _ANSI.sub("", line) if ("\x1b" in line or "\x9b" in line) else line
 
 
-def _parse_text(text: str, name: str, path: str) -> RunLog:
-    text = normalize(text)
-    run = RunLog(name=name, path=path)
-    run.truncated = bool(text) and not text.endswith("\n")
-    streams: dict = {}
-    last_logged = 0
-    seen_oom: dict = {}
-    # split on "\n" only (not str.splitlines' form feeds and Unicode separators) so line
-    # numbers are the ones an editor shows
-    rows = text.split("\n")
-    if rows and rows[-1] == "":
-        rows.pop()
-    for no, raw in enumerate(rows, start=1):
+class _Parser:
+    """One run's records from its lines, fed one at a time (see the module docstring)."""
+
+    def __init__(self, name: str, path: str, watch=None):
+        self.run = RunLog(name=name, path=path, scan=watch)
+        self.watch = watch
+        self.streams: dict = {}
+        self.last_logged = 0
+        self.seen_oom: dict = {}
+        self.no = 0
+        self.iterations: deque = deque(maxlen=MAX_ITERATIONS)
+        self.step_times: deque = deque(maxlen=MAX_STEP_TIMES)
+
+    def _drop(self, kind: str) -> None:
+        self.run.dropped[kind] = self.run.dropped.get(kind, 0) + 1
+
+    def _keep(self, line: str) -> None:
+        """Hand a line that may hold an error text to the watcher, or keep it (bounded)."""
+        if self.watch is not None:
+            self.watch(self.no, line)
+        elif len(self.run.lines) < MAX_KEPT_LINES:
+            self.run.lines.append(line[:MAX_KEPT_LINE])
+        else:
+            self._drop("lines")
+
+    def _blank(self) -> None:
+        if self.watch is None and len(self.run.lines) < MAX_KEPT_LINES:
+            self.run.lines.append("")
+
+    def feed(self, raw: str) -> None:
+        self.no += 1
+        no, run = self.no, self.run
         stream, rank, line = split_prefix(raw)
-        run.lines.append(line)
-        st = streams.get(stream)
+        st = self.streams.get(stream)
         if st is None:
-            st = streams[stream] = _Stream()
-        # tracebacks (per stream, so interleaved ranks do not mix frames)
-        # traceback headers, frames and the source they show are blanked in `run.lines` too:
-        # no error message lives there (a `raise X("...")` source line is code), and diagnose
-        # then has a quarter of a traceback's lines to search
+            st = self.streams[stream] = _Stream()
+        # tracebacks (per stream, so interleaved ranks do not mix frames); their headers, frames
+        # and the source they show are not scanned: no error message lives there (a
+        # `raise X("...")` source line is code), and a traceback is mostly such lines
         if line.startswith("Traceback") and TB_START.match(line):
-            st.frames = []
-            run.lines[-1] = ""
-            continue
+            st.frames, st.dropped_frames = [], 0
+            self._blank()
+            return
         if st.frames is not None:
             fm = TB_FRAME.match(line) if line.lstrip().startswith("File ") else None
             if fm:
-                st.frames.append(Frame(fm.group(1), int(fm.group(2)), fm.group(3)))
+                st.add_frame(Frame(fm.group(1)[:MAX_KEPT_LINE], int(fm.group(2)), fm.group(3)[:200]))
                 st.after_frame = True
-                run.lines[-1] = ""
-                continue
+                self._blank()
+                return
             if (st.after_frame and line.startswith("    ")) or (("^" in line or "~" in line)
                                                                and _CARETS.match(line)):
-                run.lines[-1] = ""
-                continue         # source text shown in a traceback is code, not an event
+                self._blank()
+                return         # source text shown in a traceback is code, not an event
             st.after_frame = False
         # cheap substring tests first: most lines of a long log are none of these, and a
         # dozen regex searches per line were most of the parse time on a large log
         oom = parse_oom(line, no) if ("out of memory" in line or "OutOfMemoryError" in line) else None
         if oom is not None:
+            self._keep(line)
+            oom.text = oom.text[:MAX_TEXT]
             oom.stream, oom.rank = stream, rank
             oom.frames = list(st.frames or [])
-            oom.iteration = last_logged + 1 if last_logged else None
-            oom.stage = oom_stage(oom.frames, last_logged)
+            oom.iteration = self.last_logged + 1 if self.last_logged else None
+            oom.stage = oom_stage(oom.frames, self.last_logged)
             key = oom.key() if oom.parsed else ("text", oom.text[-200:])
-            prev = seen_oom.get(key)
+            prev = self.seen_oom.get(key)
             if prev is None:
-                seen_oom[key] = oom
-                run.ooms.append(oom)
+                if len(run.ooms) < MAX_OOMS:
+                    self.seen_oom[key] = oom
+                    run.ooms.append(oom)
+                else:
+                    self._drop("OOM events")
             elif not prev.frames and oom.frames:   # keep the copy that carries the traceback
                 run.ooms[run.ooms.index(prev)] = oom
-                seen_oom[key] = oom
+                self.seen_oom[key] = oom
             st.frames = None
-            continue
+            return
         em = EXC_LINE.match(line) if ("Error" in line or "Exception" in line or "Warning" in line
                                        or "Interrupt" in line) else None
         if em and (st.frames is not None or not em.group(1).endswith("Warning")):
-            run.errors.append(ErrorEvent(em.group(1), (em.group(2) or "").strip(), no, stream,
-                                         list(st.frames or [])))
+            self._keep(line)
+            if len(run.errors) < MAX_ERRORS:
+                run.errors.append(ErrorEvent(em.group(1)[:200], (em.group(2) or "").strip()[:MAX_TEXT], no,
+                                             stream, list(st.frames or [])))
+            else:
+                self._drop("exception lines")
             st.frames = None
-            continue
+            return
         if not ("iteration" in line or "Step Time" in line or "Theoretical memory" in line
                 or "number of parameters" in line or "after training is done" in line):
-            continue
+            self._keep(line)
+            return
         it = parse_iteration(line, no)
         if it is not None:
-            run.iterations.append(it)
-            run.lines[-1] = ""
-            last_logged = max(last_logged, it.iteration)
-            continue
+            if len(self.iterations) == MAX_ITERATIONS:
+                run.early.add(self.iterations[0])
+                self._drop("iteration lines")
+            self.iterations.append(it)
+            self._blank()
+            self.last_logged = max(self.last_logged, it.iteration)
+            return
         if (m := STEP.search(line)):
-            run.step_times.append(StepTime(_num(m.group(1)), _num(m.group(2)), no))
-            run.lines[-1] = ""
-            continue
+            if len(self.step_times) == MAX_STEP_TIMES:
+                self._drop("step times")
+            self.step_times.append(StepTime(_num(m.group(1)), _num(m.group(2)), no))
+            self._blank()
+            return
         mem = parse_memory(line, no)
         if mem is not None:
-            run.memory.append(mem)
-            run.lines[-1] = ""
+            if len(run.memory) < MAX_MEMORY_REPORTS:
+                run.memory.append(mem)
+            else:
+                self._drop("memory reports")
+            self._blank()
             run.format = mem.source if run.format == "unknown" else run.format
-            last_logged = max(last_logged, mem.after)
-            continue
+            self.last_logged = max(self.last_logged, mem.after)
+            return
+        self._keep(line)
         if (m := THEO.search(line)):
             weight = finite_or_none(_num(m.group(1)))
-            if weight is not None:
+            if weight is not None and len(run.theoretical) < MAX_THEORETICAL:
                 run.theoretical.append(Theoretical(weight, finite_or_none(_num(m.group(2) or "nan")),
                                                    finite_or_none(_num(m.group(3) or "nan")), no))
-            continue
+            return
         if (m := PARAMS.search(line)):
             run.params_billions = finite_or_none(_num(m.group(1)))
-            continue
+            return
         if DONE.search(line):
             run.completed = True
-            continue
+            return
         if (m := EXITING.search(line)):
             run.exit_iteration = int(m.group(1))
-    if run.format == "unknown" and run.iterations:
-        run.format = "bridge" if run.step_times else "unknown"
+
+    def finish(self) -> RunLog:
+        run = self.run
+        run.iterations = list(self.iterations)
+        run.step_times = list(self.step_times)
+        run.line_count = self.no
+        if run.format == "unknown" and run.iterations:
+            run.format = "bridge" if run.step_times else "unknown"
+        return run
+
+
+def parse_lines_into(lines: Iterable[str], name: str = "log", path: str = "", watch=None) -> RunLog:
+    """Parse lines (without their newlines) one at a time. Never raises on content."""
+    # a long log becomes many small records that hold no reference cycles; the cyclic
+    # collector rescanning them again and again cost a third of the parse time of a 1.2M-
+    # traceback log, so it pauses while they are built
+    import gc
+
+    parser = _Parser(name, path, watch)
+    paused = gc.isenabled()
+    gc.disable()
+    try:
+        for line in lines:
+            parser.feed(line)
+    finally:
+        if paused:
+            gc.enable()
+    return parser.finish()
+
+
+def parse_text(text: str, name: str = "log", path: str = "", watch=None) -> RunLog:
+    """Parse a whole log's text. Never raises on content."""
+    text = normalize(text)
+    truncated = bool(text) and not text.endswith("\n")
+    # split on "\n" only (not str.splitlines' form feeds and Unicode separators) so line
+    # numbers are the ones an editor shows
+    rows = text.split("\n")
+    if rows and rows[-1] == "":
+        rows.pop()
+    run = parse_lines_into(rows, name, path, watch)
+    run.truncated = truncated
     return run
+
+
+def parse_stream(stream, field: str, name: str = "log", path: str = "", watch=None,
+                 then: Iterable[str] = ()) -> RunLog:
+    """Parse a log from an open binary stream, CHUNK bytes at a time, then the lines `then` (a
+    message pasted beside the log); InputError when there is no text at all."""
+    import itertools
+
+    from mbridge_recompute.files import LOG_LIMIT
+
+    reader = LogText(stream, field, LOG_LIMIT)
+    then = list(then)
+    run = parse_lines_into(itertools.chain(reader, then), name, path, watch)
+    run.replaced_bytes, run.truncated, run.encoding = reader.replaced, reader.truncated, reader.encoding
+    if then:
+        run.truncated = False
+    if reader.cut:
+        run.dropped[f"lines longer than {MAX_LINE_CHARS} characters (cut there)"] = reader.cut
+    if not reader.any_text and not any(t.strip() for t in then):
+        raise InputError(field, "is empty")
+    return run
+
+
+def parse_path(path, field: str, name: str, watch=None, then: Iterable[str] = ()) -> RunLog:
+    """Parse the log file at `path` (a regular file, at most files.LIMITS['log'] bytes)."""
+    from mbridge_recompute import files
+
+    fh, _ = files.open_regular(path, field, "log")
+    with fh:
+        try:
+            return parse_stream(fh, field, name, str(path), watch, then)
+        except OSError as exc:
+            raise InputError(field, f"cannot read: {exc.strerror or exc}") from None
 
 
 def run_name(path: Path, manifest: Optional[dict]) -> str:
@@ -561,29 +799,23 @@ def _check_types(data: dict, types: dict, where: str) -> None:
             raise InputError(f"{where}: {key}", f"must be {names}, got {type(value).__name__}")
 
 
-def read_manifest(path: Path) -> Optional[dict]:
-    """`manifest.json` beside the log (the harness writes run_dir/manifest.json + run_dir/log.txt)."""
-    from mbridge_recompute.files import read_json
-
-    mpath = path.parent / MANIFEST
-    if not mpath.is_file():
-        return None
-    data = read_json(mpath, str(mpath))
+def check_manifest(data, where: str) -> dict:
+    """A run manifest's data, its fields of the types the tools read; InputError naming `where`."""
     if not isinstance(data, dict):
-        raise InputError(str(mpath), "must be a JSON object")
-    _check_types(data, _MANIFEST_TYPES, str(mpath))
+        raise InputError(where, "must be a JSON object")
+    _check_types(data, _MANIFEST_TYPES, where)
     for key in ("argv", "recompute_tokens"):
         if key in data and not all(isinstance(t, str) for t in data[key]):
-            raise InputError(f"{mpath}: {key}", "must be a list of text tokens")
+            raise InputError(f"{where}: {key}", "must be a list of text tokens")
     for key in ("env", "revisions", "git"):
         if key in data and not all(isinstance(v, (str, type(None))) for v in data[key].values()):
-            raise InputError(f"{mpath}: {key}", "must map names to text")
+            raise InputError(f"{where}: {key}", "must map names to text")
     if isinstance(data.get("setting"), dict):
-        _check_types(data["setting"], _SETTING_TYPES, f"{mpath}: setting")
+        _check_types(data["setting"], _SETTING_TYPES, f"{where}: setting")
         for key in ("recompute_modules", "modules"):
             mods = data["setting"].get(key)
             if isinstance(mods, list) and not all(isinstance(m, str) for m in mods):
-                raise InputError(f"{mpath}: setting.{key}", "must be a list of labels (text)")
+                raise InputError(f"{where}: setting.{key}", "must be a list of labels (text)")
     return data
 
 
@@ -601,24 +833,6 @@ def flatten(node, field: str = "config", max_values: int = 200_000) -> dict:
         if len(out) > max_values:
             raise InputError(field, f"holds more than {max_values} values")
     return out
-
-
-def read_config_dump(path: Path) -> Optional[dict]:
-    """The `ConfigContainer.yaml` beside the log, flattened; None when absent.
-
-    Bridge dumps carry Python tags (`_target_`); they are read as plain values, never
-    constructed. A dump that cannot be read -- not YAML, an alias bomb, a self-referencing
-    anchor, nesting past any real config -- is bad input naming the file (exit 2), refused
-    before it is expanded.
-    """
-    from mbridge_recompute.files import DOC_LIMIT, decode_utf8, read_bytes, yaml_tree
-
-    cpath = path.parent / CONFIG_DUMP
-    if not cpath.is_file():
-        return None
-    field = str(cpath)
-    data = yaml_tree(decode_utf8(read_bytes(cpath, field, DOC_LIMIT), field), field)
-    return flatten(data, field) if isinstance(data, dict) else None
 
 
 def manifest_setting(manifest: Optional[dict]) -> Optional[str]:
@@ -641,17 +855,12 @@ def manifest_setting(manifest: Optional[dict]) -> Optional[str]:
     return None
 
 
-def parse_file(path: str | Path, name: Optional[str] = None) -> RunLog:
-    """Parse one log file (and its manifest.json when present)."""
-    p = Path(path)
-    manifest = read_manifest(p)
-    text, replaced = read_text(p)
-    run = parse_text(text, name=name or run_name(p, manifest), path=str(p))
-    run.replaced_bytes = replaced
-    run.manifest = manifest
-    run.config = read_config_dump(p)
-    run.setting = manifest_setting(manifest)
-    return run
+def parse_file(path: str | Path, name: Optional[str] = None, watch=None) -> RunLog:
+    """Parse one log file (or a run directory's log.txt), with the manifest.json and
+    ConfigContainer.yaml beside it when present (logs/rundir.py reads each once)."""
+    from mbridge_recompute.logs.rundir import RunDir
+
+    return RunDir(str(path), field=str(path)).parse(watch=watch, name=name)
 
 
 def parse_lines(lines: Iterable[str], name: str = "log") -> RunLog:

@@ -91,9 +91,9 @@ def from_peak_gb(value: float, iteration: Optional[int], source: str,
 def read(path: str, w, setting: Optional[RecomputeSetting] = None) -> Measured:
     """A `compare --json` or `diagnose --json` report as a Measured. From a compare report the
     run whose setting is `setting` is taken, else the control run."""
-    from mbridge_recompute.inputs.yamlio import read_json
+    from mbridge_recompute import files
 
-    data = read_json(path, "--measured")
+    data = files.read_json(path, "--measured", "report")
     if isinstance(data, dict) and isinstance(data.get("runs"), list):
         return _from_compare(data, path, w, setting)
     if isinstance(data, dict) and isinstance(data.get("findings"), list):

@@ -37,6 +37,7 @@ from pathlib import Path
 from typing import Optional
 
 from mbridge_recompute import DATA_DIR
+from mbridge_recompute.errors import InputError
 from mbridge_recompute.logs.runlog import is_option
 
 PERF = "scripts/performance"
@@ -173,13 +174,15 @@ _VERSION_PART = re.compile(r"^(MAJOR|MINOR|PATCH)\s*=\s*(\d{1,4})\s*$", re.M)
 _TASK = re.compile(r"""["']--task["'][^)]*?choices\s*=\s*\[([^\]]*)\]""", re.S)
 
 
-def _read_small(path: Path, limit: int = 4 * 2**20) -> Optional[str]:
+def _read_small(path: Path) -> Optional[str]:
     """A small text file of the checkout, or None (read only: nothing is imported or written)."""
+    from mbridge_recompute import files
+
+    if not path.is_file():
+        return None
     try:
-        if not path.is_file() or path.stat().st_size > limit:
-            return None
-        return path.read_text(encoding="utf-8", errors="replace")
-    except OSError:
+        return files.read_bytes(path, str(path), "checkout source").decode("utf-8", errors="replace")
+    except InputError:
         return None
 
 

@@ -156,9 +156,9 @@ def candidates_from_plan(path: str, with_control: bool = True, notes: Optional[l
     implicit default, which it replaces by ["core_attn"]
     (`transformer_config.py:1821-1822`); the sweep spells it out.
     """
-    from mbridge_recompute.files import read_json
+    from mbridge_recompute import files
 
-    data = read_json(path, "--from-plan")
+    data = files.read_json(path, "--from-plan", "plan")
     if not isinstance(data, dict):
         raise InputError("--from-plan", f"{path}: expected the JSON object of `plan --json`")
     short = data.get("harness_candidates")
