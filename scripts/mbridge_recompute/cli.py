@@ -27,6 +27,7 @@ from pathlib import Path
 
 from mbridge_recompute import __version__
 from mbridge_recompute.errors import EXIT_BAD_INPUT, InputError
+from mbridge_recompute.output import WIDTH, width
 
 # name -> (module, one-line help). Order is the order of the help text.
 SUBCOMMANDS: dict[str, tuple[str, str]] = {
@@ -64,13 +65,16 @@ class _NoteGate:
     """stderr that holds back `note:` lines until something else is written or the tool ends.
 
     A failing tool then prints its one error line alone; on success the notes come out in order.
-    Everything that is not a note (pytest output, launch progress) passes straight through.
+    Everything that is not a note (pytest output, launch progress) passes straight through. A
+    note wrapped to the text width (output.warn) is held whole: its indented continuation
+    lines go with it.
     """
 
     def __init__(self, inner):
         self.inner = inner
         self.pending: list[str] = []
         self.partial = ""
+        self.in_note = False
 
     def write(self, text: str) -> int:
         self.partial += text
@@ -80,9 +84,11 @@ class _NoteGate:
         return len(text)
 
     def _line(self, line: str) -> None:
-        if line.startswith("note:"):
+        if line.startswith("note:") or (self.in_note and line.startswith(" ")):
+            self.in_note = True
             self.pending.append(line)
             return
+        self.in_note = False
         self._release()
         self.inner.write(line)
 
@@ -140,6 +146,9 @@ def build_parser(name: str):
                      formatter_class=argparse.RawDescriptionHelpFormatter,
                      epilog=getattr(module, "EPILOG", None))
     module.add_arguments(parser)
+    parser.add_argument("--wide", action="store_true",
+                        help="text: one line per sentence and per table row, however long "
+                             "(default: fit %d columns)" % WIDTH)
     return parser, module
 
 
@@ -177,7 +186,8 @@ def _run(argv: list) -> int:
     args = parser.parse_args(rest)
     if mlm_argv is not None:
         args.mlm_args = mlm_argv
-    return module.run(args)
+    with width(None if args.wide else WIDTH):
+        return module.run(args)
 
 
 def _fail(exc: InputError, as_json: bool) -> int:

@@ -8,6 +8,12 @@ for every text report:
 * a Hydra override or an argv token a person may paste is shell-quoted when it holds a
   character the shell would act on (`[ ] { } * ? $` spaces, quotes, ...): `shell_token`,
   `shell_line` and `quote_overrides`.
+
+Text fits `WIDTH` (100) columns unless the command line says `--wide` (cli.py sets the width for
+the whole invocation): prose goes through `wrap`, a command a person pastes through
+`shell_lines` (backslash-continued), and a table through `table`, which stacks long headers and
+wraps its free-text column in place, or moves it under the row when the numbers leave it too
+little room. `--wide` gives every sentence and every table row one line, however long.
 """
 
 from __future__ import annotations
@@ -16,7 +22,14 @@ import json
 import re
 import shlex
 import sys
-from typing import Any, Callable, Iterable, Sequence
+from contextlib import contextmanager
+from contextvars import ContextVar
+from typing import Any, Callable, Iterable, Iterator, Optional, Sequence
+
+WIDTH = 100                   # columns of every text report (--wide: no limit)
+MIN_WRAP = 24                 # narrowest a table's free-text column is wrapped to in place
+UNDER_INDENT = "    "         # a free-text cell moved under its row starts here
+_WIDTH: ContextVar[Optional[int]] = ContextVar("text_width", default=WIDTH)
 
 # C0 controls but newline and tab, DEL, the C1 CSI, and lone UTF-16 surrogates (no terminal can
 # encode one: printed raw they end the tool with UnicodeEncodeError)
@@ -44,6 +57,74 @@ def shell_line(argv: Iterable[str]) -> str:
     return shlex.join(str(t) for t in argv)
 
 
+def text_width() -> Optional[int]:
+    """The columns text may take in this invocation (None: --wide, no limit)."""
+    return _WIDTH.get()
+
+
+@contextmanager
+def width(columns: Optional[int]) -> Iterator[None]:
+    """Render everything inside at `columns` (None: one line per sentence and per table row)."""
+    token = _WIDTH.set(columns)
+    try:
+        yield
+    finally:
+        _WIDTH.reset(token)
+
+
+def wrap(text: str, indent: str = "", hang: Optional[str] = None) -> list[str]:
+    """One sentence or paragraph as lines of the current width: the first line starts with
+    `indent`, the rest with `hang` (default: `indent` and two more spaces). Words are never
+    split (a path or a flag longer than the line stays whole), nor broken at hyphens."""
+    hang = indent + "  " if hang is None else hang
+    cols = text_width()
+    if cols is None or len(indent) + len(text) <= cols:
+        return [indent + text]
+    out: list[str] = []
+    for i, part in enumerate(text.split("\n")):
+        out += _pack(part, cols, indent if i == 0 else hang, hang)
+    return out
+
+
+def _pack(text: str, cols: int, first: str, hang: str, breaks: str = "@") -> list[str]:
+    """Words of `text` greedily in lines of `cols`, the first starting with `first`, the rest
+    with `hang`. A word too long for any line is cut before a character of `breaks` (a candidate
+    before its `@` changes); what cannot be cut overflows whole."""
+    lines, cur, fresh = [], first + text[:len(text) - len(text.lstrip(" "))], True
+    for word in text.split():
+        pieces = [word] if len(hang) + len(word) <= cols else _pieces(word, breaks)
+        for k, piece in enumerate(pieces):
+            sep = "" if fresh or k else " "
+            if not fresh and len(cur) + len(sep) + len(piece) > cols:
+                lines.append(cur)
+                cur, fresh, sep = hang, True, ""
+            cur += sep + piece
+            fresh = False
+    return [line.rstrip() for line in lines + [cur]]
+
+
+def shell_lines(argv: Iterable[str], indent: str = "", hang: Optional[str] = None,
+                head: str = "") -> list[str]:
+    """A command a person pastes, shell-quoted, continued with ` \\` at the current width; `head`
+    (e.g. `cd DIR && ENV=1`) is written before the first token, unquoted."""
+    tokens = [shell_token(t) for t in argv]
+    if head:
+        tokens = [head] + tokens
+    cols = text_width()
+    line = indent + " ".join(tokens)
+    if cols is None or len(line) <= cols:
+        return [line]
+    hang = indent + "  " if hang is None else hang
+    out, cur, on_line = [], indent, 0
+    for tok in tokens:
+        if on_line and len(cur) + 1 + len(tok) + 2 > cols:
+            out.append(cur + " \\")
+            cur, on_line = hang, 0
+        cur += (" " if on_line else "") + tok
+        on_line += 1
+    return out + [cur]
+
+
 def quote_overrides(text: str) -> str:
     """Shell-quote every Hydra override in prose that the shell would otherwise expand."""
     def repl(m: re.Match) -> str:
@@ -66,20 +147,131 @@ def emit(report: Any, as_json: bool, text: Callable[[Any], str]) -> None:
         sys.stdout.write(out if out.endswith("\n") else out + "\n")
 
 
-def table(headers: Sequence[str], rows: Iterable[Sequence[Any]], align: str | None = None) -> str:
-    """A plain fixed-width table. `align` is one char per column: l or r."""
-    cells = [[str(h) for h in headers]] + [["" if c is None else str(c) for c in r] for r in rows]
-    widths = [max(len(r[i]) for r in cells) for i in range(len(headers))]
+def table(headers: Sequence[str], rows: Iterable[Sequence[Any]], align: str | None = None,
+          free: Optional[int] = None, breaks: str = "") -> str:
+    """A plain fixed-width table. `align` is one char per column: l or r.
+
+    At the current width, a table too wide for it is laid out in steps until it fits: headers
+    stack at spaces; cells may break before any character of `breaks` (a candidate name before
+    its `@` changes, the continuation starting with the character); `free`, the index of the
+    free-text column (a reason, a term), wraps in place, or, when the other columns leave it
+    under MIN_WRAP columns, is written under each row as `    HEADER: TEXT`."""
+    headers = [str(h) for h in headers]
+    body = [["" if c is None else str(c) for c in r] for r in rows]
     align = align or "l" * len(headers)
+    col = None if free is None else free % len(headers)
+    cols = text_width()
+    natural = [max([len(h)] + [len(r[i]) for r in body]) for i, h in enumerate(headers)]
+    if cols is None or _span(natural) <= cols:
+        return _grid([[h] for h in headers], [[[c] for c in r] for r in body], natural, align)
+    cells = [max([len(r[i]) for r in body] + [1]) for i in range(len(headers))]
+    stacked = [max([cells[i]] + [len(w) for w in h.split()]) for i, h in enumerate(headers)]
+    # the narrowest a column can be: its header's longest word, its cells' longest piece
+    least = [max([len(p) for r in body for p in _pieces(r[i], breaks)] + [len(w) for w in h.split()]
+                 + [1]) for i, h in enumerate(headers)]
 
-    def fmt(r: list[str]) -> str:
-        parts = [c.rjust(w) if a == "r" else c.ljust(w) for c, w, a in zip(r, widths, align)]
-        return "  ".join(parts).rstrip()
+    def fit(idx: list, budget: int) -> dict:
+        """Widths of columns `idx` within `budget`: natural, else stacked headers, else the
+        widest breakable cells broken."""
+        w = {i: natural[i] for i in idx}
+        if _span(list(w.values())) > budget:
+            w = {i: stacked[i] for i in idx}
+        for i in sorted(idx, key=lambda i: -w[i]):
+            excess = _span(list(w.values())) - budget
+            if excess <= 0:
+                break
+            w[i] = max(least[i], w[i] - excess)
+        return w
 
-    lines = [fmt(cells[0]), "  ".join("-" * w for w in widths)]
-    lines += [fmt(r) for r in cells[1:]]
+    under = False
+    if col is None:
+        widths = fit(list(range(len(headers))), cols)
+    else:
+        others = [i for i in range(len(headers)) if i != col]
+        longest = max([len(w) for r in body for w in r[col].split()] + [1])
+        need = min(natural[col], max(MIN_WRAP, min(longest, cols // 2)))
+        widths = fit(others, cols - need - 2)
+        room = cols - _span(list(widths.values())) - 2
+        if room >= need:
+            widths[col] = min(room, natural[col])
+        else:
+            under = True
+            widths = fit(others, cols)
+    keep = [i for i in range(len(headers)) if not (under and i == col)]
+    if _span([widths[i] for i in keep]) > cols and len(keep) > 2:
+        return _blocks(headers, body, align, col, natural, breaks)
+    head = [_fill(headers[i], widths[i]) for i in keep]
+    grid = [[_fill(r[i], widths[i], "" if i == col else breaks) for i in keep] for r in body]
+    notes = None
+    if under:
+        notes = [wrap(f"{headers[col]}: {r[col]}", UNDER_INDENT) if r[col] else []
+                 for r in body]
+    return _grid(head, grid, [widths[i] for i in keep], "".join(align[i] for i in keep), notes)
+
+
+def _blocks(headers: list, body: list, align: str, col: Optional[int], natural: list,
+            breaks: str) -> str:
+    """A table too wide even with stacked headers and broken cells: its columns in consecutive
+    blocks, each a table of its own led by the first (key) column; the free-text column goes
+    under the rows of the first block."""
+    cols = text_width() or 0
+    rest = [i for i in range(1, len(headers)) if i != col]
+    blocks: list[list[int]] = [[]]
+    for i in rest:
+        if blocks[-1] and _span([natural[0]] + [natural[k] for k in blocks[-1] + [i]]) > cols:
+            blocks.append([])
+        blocks[-1].append(i)
+    parts = []
+    for n, block in enumerate(blocks):
+        idx = [0] + block + ([col] if n == 0 and col is not None else [])
+        with width(cols):
+            parts.append(table([headers[i] for i in idx], [[r[i] for i in idx] for r in body],
+                               "".join(align[i] for i in idx),
+                               free=len(idx) - 1 if n == 0 and col is not None else None,
+                               breaks=breaks))
+    return "\n\n".join(parts)
+
+
+def _pieces(text: str, breaks: str) -> list[str]:
+    """`text` cut before every character of `breaks` (a cell's unbreakable parts)."""
+    if not breaks:
+        return [text]
+    return [p for p in re.split("(?=[" + re.escape(breaks) + "])", text) if p] or [""]
+
+
+def _span(widths: Sequence[int]) -> int:
+    """Columns a row of these widths takes (two spaces between cells)."""
+    return sum(widths) + 2 * max(0, len(widths) - 1)
+
+
+def _fill(text: str, columns: int, breaks: str = "") -> list[str]:
+    """`text` as lines of at most `columns`: at spaces, or before a character of `breaks`
+    (words and pieces whole, so a longer one overflows)."""
+    if len(text) <= columns:
+        return [text]
+    return _pack(text, columns, "", "", breaks)
+
+
+def _grid(head: list, body: list, widths: list, align: str, notes: Optional[list] = None) -> str:
+    """Lines of a table whose cells are lists of lines: headers bottom-aligned, cells top-aligned."""
+    def fmt(cells: list) -> str:
+        return "  ".join(c.rjust(w) if a == "r" else c.ljust(w)
+                         for c, w, a in zip(cells, widths, align)).rstrip()
+
+    def block(cells: list, bottom: bool) -> list[str]:
+        height = max(len(c) for c in cells)
+        padded = [([""] * (height - len(c)) + c) if bottom else (c + [""] * (height - len(c)))
+                  for c in cells]
+        return [fmt([c[k] for c in padded]) for k in range(height)]
+
+    lines = block(head, True) + ["  ".join("-" * w for w in widths)]
+    for k, row in enumerate(body):
+        lines += block(row, False)
+        if notes:
+            lines += notes[k]
     return "\n".join(lines)
 
 
 def warn(message: str) -> None:
-    sys.stderr.write(safe_text(message.rstrip("\n")) + "\n")
+    text = safe_text(message.rstrip("\n"))
+    sys.stderr.write("\n".join(line for part in text.split("\n") for line in wrap(part)) + "\n")

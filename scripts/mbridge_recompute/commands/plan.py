@@ -130,80 +130,91 @@ DEFAULTS = {"mcore": "megatron-core TransformerConfig's", "megatron-lm": "Megatr
             "bridge": "Megatron Bridge providers'"}
 
 
+HANG = " " * 4                # continuation of a header line
+
+
 def render_text(r) -> str:
-    """The plan as text, read from the PlanReport's attributes."""
+    """The plan as text, read from the PlanReport's attributes, at the current text width."""
+    from mbridge_recompute.output import shell_lines, wrap
 
     wl = r.workload
     gpus = f"{wl['num_gpus']} GPU{'s' if wl['num_gpus'] != 1 else ''}" + (
         "" if wl["num_gpus_given"] else " (one data-parallel replica)")
-    out = [f"workload: {wl['precision']}, attention {wl['attention_backend']} "
-           f"({CORES[wl['attention_core']]}), fusions: {', '.join(wl['fusions']) or 'none'}; "
-           f"{gpus}; defaults: {DEFAULTS.get(wl['defaults_source'], wl['defaults_source'])}",
-           f"          {wl['num_layers']} layers, hidden {wl['hidden_size']}, TP{wl['tp']} PP{wl['pp']} "
-           f"VPP{wl['vpp']} CP{wl['cp']} EP{wl['ep']} DP{wl['dp']}, seq {wl['seq_length']}, "
-           f"MBS {wl['micro_batch_size']}, {wl['num_microbatches']} micro-batches; "
-           f"recompute now: {wl['recompute']}",
-           f"GPU: {wl['gpu_capacity'].split(' [')[0]}",
-           f"megatron-core {r.release.name}: {r.release.how}",
-           f"budget: {gb(r.budget_bytes)} GB per GPU (sizes below in decimal GB)"]
+    head = [f"workload: {wl['num_layers']} layers, hidden {wl['hidden_size']}; "
+            f"defaults: {DEFAULTS.get(wl['defaults_source'], wl['defaults_source'])}",
+            f"  precision: {wl['precision']}",
+            f"  parallelism: TP{wl['tp']} PP{wl['pp']} VPP{wl['vpp']} CP{wl['cp']} EP{wl['ep']} "
+            f"DP{wl['dp']} on {gpus}; seq {wl['seq_length']}, MBS {wl['micro_batch_size']}, "
+            f"{wl['num_microbatches']} micro-batches",
+            f"  attention {wl['attention_backend']} ({CORES[wl['attention_core']]}); "
+            f"fusions: {', '.join(wl['fusions']) or 'none'}",
+            f"  recompute now: {wl['recompute']}",
+            f"GPU: {wl['gpu_capacity'].split(' [')[0]}",
+            f"megatron-core {r.release.name}: {r.release.how}",
+            f"budget: {gb(r.budget_bytes)} GB per GPU (sizes below in decimal GB)"]
+    m = r.extra.get("model_source")
+    if m:
+        head.append(f"model: {m['title']} (catalog '{m['name']}'); layout: "
+                    + ("from the cited recipe/study" if m.get("layout_source") else
+                       "not in the catalog, defaults or your --set/workload values"))
     if r.calibration is not None:
         from mbridge_recompute.plan.calibration import lines
 
-        out += lines(r.calibration)
-    m = r.extra.get("model_source")
-    if m:
-        out.append(f"model: {m['title']} (catalog '{m['name']}'); layout: "
-                   + ("from the cited recipe/study" if m.get("layout_source") else
-                      "not in the catalog, defaults or your --set/workload values"))
+        head += lines(r.calibration)
+    out = [line for text in head for line in wrap(text, "", HANG)]
     if r.warnings:
         out.append("settings the memory model does not read (the plan does not account for them):")
-        out += [f"  {f['message']}" for f in r.warnings]
+        out += [line for f in r.warnings for line in wrap(f["message"], "  ", "      ")]
     out.append("")
     if r.estimate is not None:
         out += _rank_table(r) + [""] + _label_table(r) + [""] + _frontier_table(r) + [""]
         if r.side_by_side:
             out += _alternatives_table(r) + [""]
+    said = []
     cur = r.current
     if cur is not None:
-        out.append(f"current setting {cur.setting.describe()}: predicted peak {gb(cur.peak_bytes)} GB, "
-                   f"{_costs(r, cur)}, "
-                   + ("fits" if cur.fits else "does not fit" if cur.allowed else
-                      "rejected: " + ", ".join(cur.rejected_by)))
+        said.append(f"current setting {cur.setting.describe()}: predicted peak {gb(cur.peak_bytes)} GB, "
+                    f"{_costs(r, cur)}, "
+                    + ("fits" if cur.fits else "does not fit" if cur.allowed else
+                       "rejected: " + ", ".join(cur.rejected_by)))
     rec = r.recommendation
     if r.free:
         fr = r.free
-        out.append(f"to free {gb(fr['free_bytes'])} GB on pp_rank {fr['pp_rank']} (current "
-                   f"{fr['from']}: {gb(fr['from_peak_bytes'])} GB there): "
-                   + (f"{fr['answer']} frees {gb(fr['freed_bytes'])} GB" if fr["answer"] else
-                      f"nothing does; the most is {gb(fr['most_freed_bytes'])} GB ({fr['most_freed_by']})"))
+        said.append(f"to free {gb(fr['free_bytes'])} GB on pp_rank {fr['pp_rank']} (current "
+                    f"{fr['from']}: {gb(fr['from_peak_bytes'])} GB there): "
+                    + (f"{fr['answer']} frees {gb(fr['freed_bytes'])} GB" if fr["answer"] else
+                       f"nothing does; the most is {gb(fr['most_freed_bytes'])} GB ({fr['most_freed_by']})"))
     if rec is None:
-        out.append("recommendation: none" + (" (every candidate is rejected by the checker)"
-                                             if r.candidates else ""))
-    else:
+        said.append("recommendation: none" + (" (every candidate is rejected by the checker)"
+                                              if r.candidates else ""))
+    out += [line for text in said for line in wrap(text)]
+    if rec is not None:
         from mbridge_recompute.plan.report import CAVEAT
         from mbridge_recompute.write.snippets import render_all
 
         verdict = "fits" if rec.fits else "does NOT fit"
-        out.append(f"recommendation: {rec.setting.describe()} ({rec.name}): predicted peak "
-                   f"{gb(rec.peak_bytes)} GB on pp_rank {rec.hottest_pp_rank}, "
-                   f"{_costs(r, rec)}, {verdict} the {gb(r.budget_bytes)} GB budget")
+        out += wrap(f"recommendation: {rec.setting.describe()} ({rec.name}): predicted peak "
+                    f"{gb(rec.peak_bytes)} GB on pp_rank {rec.hottest_pp_rank}, "
+                    f"{_costs(r, rec)}, {verdict} the {gb(r.budget_bytes)} GB budget")
         pure = r.recompute_recommendation
         if r.alternatives and pure is not None and pure.name != rec.name:
-            out.append(f"  beside it, the cheapest recompute-only setting: {pure.setting.describe()} "
-                       f"({pure.name}): {gb(pure.peak_bytes)} GB, cost {pure.cost_pct:.2f} %, "
-                       + ("fits" if pure.fits else "does NOT fit"))
+            out += wrap(f"beside it, the cheapest recompute-only setting: {pure.setting.describe()} "
+                        f"({pure.name}): {gb(pure.peak_bytes)} GB, cost {pure.cost_pct:.2f} %, "
+                        + ("fits" if pure.fits else "does NOT fit"), "  ", "    ")
         snip = render_all(rec.setting)
         if snip.get("yaml"):
             out += ["", "Bridge YAML:", snip["yaml"].rstrip()]
         if snip.get("overrides"):
-            out += ["", "Hydra overrides: " + " ".join(snip["overrides"])]
-        out += ["", "matched sweep candidates: " + " ".join(r.harness_candidates), "  " + CAVEAT]
+            out += ["", "Hydra overrides:"] + shell_lines(snip["overrides"], "  ", "  ")
+        out += [""] + wrap("matched sweep candidates: " + " ".join(r.harness_candidates))
+        out += wrap(CAVEAT, "  ", "  ")
     if r.diagnosis:
-        out += ["", "nothing fits: " + r.diagnosis]
+        out += [""] + wrap("nothing fits: " + r.diagnosis)
     if r.workload_findings:
         out += ["", "errors under every setting (fix the workload first):"]
-        out += [f"  {f['id']}: {f['message']}" for f in r.workload_findings]
-    out += ["", "assumptions:"] + [f"  - {a}" for a in r.assumptions]
+        out += [line for f in r.workload_findings
+                for line in wrap(f"{f['id']}: {f['message']}", "  ", "    ")]
+    out += ["", "assumptions:"] + [line for a in r.assumptions for line in wrap(a, "  - ", "    ")]
     return "\n".join(out)
 
 
@@ -226,7 +237,7 @@ def _costs(r, c) -> str:
 
 def _rank_table(r) -> list:
     """Per-rank memory under the current setting, activations by component."""
-    from mbridge_recompute.output import table
+    from mbridge_recompute.output import table, wrap
 
     ranks = r.estimate.ranks
     comps: dict = {}
@@ -234,10 +245,10 @@ def _rank_table(r) -> list:
         for k, v in rank.activations.items():
             comps[k] = comps.get(k, 0) + v
     shown = [k for k, _ in sorted(comps.items(), key=lambda kv: -kv[1])][:6]
-    headers = ["pp_rank", "static"] + [f"act:{k}" for k in shown]
+    headers = ["pp rank", "static"] + list(shown)
     if len(comps) > len(shown):
-        headers.append("act:other")
-    headers += ["activations", "transient", "peak", "peak term"]
+        headers.append("other")
+    headers += ["saved total", "transient", "peak", "peak term"]
     rows = []
     for rank in ranks:
         row = [rank.pp_rank, gb(rank.static_bytes)] + [gb(rank.activations.get(k, 0)) for k in shown]
@@ -246,12 +257,13 @@ def _rank_table(r) -> list:
         row += [gb(rank.activation_bytes), gb(rank.transient_bytes), gb(rank.peak_bytes),
                 rank.peak_term]
         rows.append(row)
-    return [f"memory per pipeline rank (current setting; hottest rank {r.hottest_pp_rank})",
-            table(headers, rows, "r" * (len(headers) - 1) + "l")]
+    return wrap(f"memory per pipeline rank in GB (current setting; hottest rank {r.hottest_pp_rank}): "
+                "static, saved activations by component and their total, the transient at the peak")\
+        + [table(headers, rows, "r" * (len(headers) - 1) + "l", free=-1)]
 
 
 def _label_table(r) -> list:
-    from mbridge_recompute.output import table
+    from mbridge_recompute.output import table, wrap
 
     ranks = len(r.estimate.ranks) if r.per_rank else 0
     offload = _offloading(r)
@@ -263,28 +275,28 @@ def _label_table(r) -> list:
         row += [f"{e.offload_pct:.2f}" if e.applicable else "-"] if offload else []
         why = e.reason + (f"; adds memory: {e.adds}" if e.applicable and e.adds else "")
         rows.append(row + [why])
-    offload = _offloading(r)
     headers = (["label", "applies", "saving GB"] + [f"rank {k}" for k in range(ranks)]
                + ["replay %"] + (["offload %"] if offload else []) + ["why"])
-    return ["recompute labels (saving on the hottest rank vs the [] control"
-            + (", then on each pipeline rank)" if ranks else ")"),
-            table(headers, rows, "llr" + "r" * ranks + "r" + ("r" if offload else "") + "l")]
+    return wrap("recompute labels (saving on the hottest rank vs the [] control"
+                + (", then on each pipeline rank)" if ranks else ")")) + [
+            table(headers, rows, "llr" + "r" * ranks + "r" + ("r" if offload else "") + "l", free=-1)]
 
 
 def _alternatives_table(r) -> list:
-    from mbridge_recompute.output import table
+    from mbridge_recompute.output import table, wrap
 
     rows = [[a["name"], a["kind"], gb(a["frees_bytes"]), gb(a["peak_bytes"]), f"{a['cost_pct']:.2f}",
              "yes" if a["fits"] else "no", a["detail"] or ("dominated by " + a["dominated_by"]
                                                            if a["dominated_by"] else "")]
             for a in r.side_by_side]
-    return ["alternatives beside recompute (each alone on the current setting; frees = current peak "
-            "minus its peak; cost = change of the modelled step)",
-            table(["candidate", "kind", "frees GB", "peak GB", "cost %", "fits", "how"], rows, "llrrrll")]
+    return wrap("alternatives beside recompute (each alone on the current setting; frees = current "
+                "peak minus its peak; cost = change of the modelled step)") + [
+            table(["candidate", "kind", "frees GB", "peak GB", "cost %", "fits", "how"], rows, "llrrrll",
+                  free=-1, breaks="@")]
 
 
 def _frontier_table(r) -> list:
-    from mbridge_recompute.output import table
+    from mbridge_recompute.output import table, wrap
 
     front = r.shown_frontier
     limit = r.top or TEXT_FRONTIER_ROWS
@@ -302,18 +314,19 @@ def _frontier_table(r) -> list:
     dominated = sum(1 for c in r.candidates if c.dominated_by is not None)
     rejected = [c for c in r.candidates if not c.allowed]
     extra = (["offload %", "host GB"] if offload else []) + (["step %"] if r.alternatives else [])
-    out = [f"frontier (peak vs {'modelled step' if r.alternatives else 'replay cost'}; "
-           f"{dominated} dominated and {len(rejected)} rejected "
-           f"candidates not shown{f', {more} more points' if more > 0 else ''})",
+    out = wrap(f"frontier (peak vs {'modelled step' if r.alternatives else 'replay cost'}; "
+               f"{dominated} dominated and {len(rejected)} rejected "
+               f"candidates not shown{f', {more} more points' if more > 0 else ''})") + [
            table(["candidate"] + (["kind"] if kind else []) + ["peak GB"]
                  + [f"rank {k}" for k in range(ranks)] + ["replay %"] + extra + ["fits", "peak term"],
-                 rows, "l" + ("l" if kind else "") + "r" + "r" * ranks + "r" + "r" * len(extra) + "ll")]
+                 rows, "l" + ("l" if kind else "") + "r" + "r" * ranks + "r" + "r" * len(extra) + "ll",
+                 free=-1, breaks="@")]
     groups: dict = {}
     for c in rejected:
         groups.setdefault(", ".join(c.rejected_by), []).append(c.name)
     for why, names in groups.items():
         shown_names = " ".join(names[:4]) + (f" and {len(names) - 4} more" if len(names) > 4 else "")
-        out.append(f"  rejected by {why}: {shown_names}")
+        out += wrap(f"rejected by {why}: {shown_names}", "  ", "    ")
     return out
 
 
