@@ -24,6 +24,7 @@ BLOCKS = {                       # block name -> the files that carry it
     "constraints": ("references/constraints.md",),
     "limitations": ("references/memory-model.md",),
     "gpus": ("references/constraints.md",),
+    "silent-skips": ("references/constraints.md",),
 }
 WIDTH = 100                      # SKILL.md's line limit
 KIND_TITLES = {
@@ -155,6 +156,18 @@ def constraint_tables() -> str:
     return "\n".join(out).rstrip()
 
 
+def silent_skip_table() -> str:
+    """What upstream accepts and then skips or overrides without an error, per release: the
+    card's silent no-ops, each with the line that decides it in every release it holds for."""
+    keys = releases.keys()
+    out = ["| skip (`check` warning id) | " + " | ".join(keys) + " |", "|---|" + "---|" * len(keys)]
+    for c in card.constraints():
+        if c["kind"] != "silent-no-op":
+            continue
+        out.append(f"| `{c['id']}` | " + " | ".join(c["at"].get(k, "–") for k in keys) + " |")
+    return "\n".join(out)
+
+
 def gpu_table() -> str:
     """Each GPU: what PyTorch reports, its architecture and compute capability, and the FP8 / FP4
     recipes Transformer Engine runs on it (card `gpus:` and `precision_recipes:`)."""
@@ -175,7 +188,8 @@ def gpu_table() -> str:
 
 RENDER = {"label-releases": label_releases, "labels": label_matrix,
           "release-differences": release_differences, "constraints": constraint_tables,
-          "limitations": limitations, "gpus": gpu_table}
+          "limitations": limitations, "gpus": gpu_table,
+          "silent-skips": silent_skip_table}
 
 
 def block(name: str) -> str:

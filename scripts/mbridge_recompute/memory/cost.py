@@ -225,11 +225,11 @@ def _cp_exposed(sh: Shape, knobs: Knobs) -> float:
 
 def step_cost(w, knobs: Knobs = DEFAULT_KNOBS, disabled=()) -> StepCost:
     """The modelled step of `w` under its own recompute setting and layout."""
-    from mbridge_recompute.memory.offload import offloaded_bytes
+    from mbridge_recompute.memory.offload import in_force, offloaded_bytes
     from mbridge_recompute.memory.recompute import full_recompute_units, granularity_of, layout_of, modules_of
     from mbridge_recompute.memory.shape import shape_of
 
-    sh = shape_of(w, knobs)
+    sh = in_force(shape_of(w, knobs), tuple(tuple(d) for d in disabled))
     replay, step = replay_and_step_flops(w, knobs, disabled)
     layout = layout_of(w)
     p, v = len(layout), len(layout[0])

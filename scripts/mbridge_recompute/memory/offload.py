@@ -22,6 +22,7 @@ the worst moment of the backward.
 
 from __future__ import annotations
 
+from dataclasses import replace
 from functools import lru_cache
 
 from mbridge_recompute.layer_spec import norm_fused
@@ -58,6 +59,23 @@ def _module_of(sh: Shape, name: str, kind: str):
     if name.startswith(("expert fc1 output", "expert unfused")):
         return "moe_act"
     return None
+
+
+# A checker finding that upstream skips an offload (a module recomputed and offloaded, a hybrid
+# stack without an offload handler, ...) switches it off with ("offload:MODULE", "all").
+SKIPPED = "offload:"
+
+
+def skipped(module: str) -> tuple:
+    """The `disables` pair of a silent skip that leaves `module` on the GPU."""
+    return (SKIPPED + module, "all")
+
+
+def in_force(sh: Shape, disabled=()) -> Shape:
+    """`sh` with the offload modules the checker found skipped (`disabled`) taken out: the
+    offloading that really happens."""
+    off = {str(label)[len(SKIPPED):] for label, _block in disabled if str(label).startswith(SKIPPED)}
+    return replace(sh, offload=sh.offload - off) if off & sh.offload else sh
 
 
 @lru_cache(maxsize=4096)

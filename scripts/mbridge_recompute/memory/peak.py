@@ -20,7 +20,7 @@ from __future__ import annotations
 from functools import lru_cache
 from typing import NamedTuple
 
-from mbridge_recompute.memory.offload import offloaded_components
+from mbridge_recompute.memory.offload import in_force, offloaded_components
 from mbridge_recompute.memory.recompute import chunk_groups, granularity_of, layout_of, modules_of
 from mbridge_recompute.memory.schedule import inflight_vectors
 from mbridge_recompute.memory.shape import Shape, shape_of
@@ -371,7 +371,7 @@ def assumptions(w, sh: Shape, knobs: Knobs) -> list:
 def estimate(w, knobs: Knobs = DEFAULT_KNOBS, disabled=()) -> MemoryEstimate:
     """Per-pipeline-rank memory of `w` under its own recompute setting, less what the checker
     found switched off (`disabled`: the (label, block) pairs of its silent-no-op findings)."""
-    sh = shape_of(w, knobs)
+    sh = in_force(shape_of(w, knobs), tuple(tuple(d) for d in disabled))
     layout = layout_of(w)
     p, v = len(layout), len(layout[0])      # model chunks per rank: 1 without interleaving
     mode = _mode(w, tuple(tuple(d) for d in disabled))

@@ -47,7 +47,8 @@ class Pricer:
             ids = sorted({f["id"] for f in errors(findings)} | {pr.cid for pr in split.problems})
             return Candidate(setting=setting, rank_peaks=(0,) * p, rank_terms=("",) * p,
                              cost_pct=0.0, rejected_by=tuple(ids))
-        off = disabled_by(findings)
+        # the workload's own skipped offloads hold under every setting (the [] control has them)
+        off = disabled_by(findings + [f for f in self.baseline["findings"] if _offload_skip(f)])
         est = memory.estimate(with_setting, disabled=off)
         step = memory.step_cost(with_setting, disabled=off)
         terms = memory.shares(step, self.reference_step)
@@ -58,6 +59,12 @@ class Pricer:
                          cost_pct=float(terms.cost_pct), shares=terms,
                          rejected_by=tuple(sorted({f["id"] for f in errors(findings)})),
                          disabled=off, step=step)
+
+
+def _offload_skip(f: dict) -> bool:
+    from mbridge_recompute.memory.offload import SKIPPED
+
+    return any(str(d[0]).startswith(SKIPPED) for d in f.get("disables", ()))
 
 
 def disabled_by(findings: list) -> tuple:

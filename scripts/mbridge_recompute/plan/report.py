@@ -20,6 +20,15 @@ CAVEAT = ("The recommendation is a prediction, not a measurement: run it against
           "measured peak fits and the step time is acceptable.")
 
 
+def _switched_off(label: str, block: str) -> str:
+    """'moe', 'layernorm in moe layers', 'core_attn offloading' (an offload upstream skips)."""
+    from mbridge_recompute.memory.offload import SKIPPED
+
+    if label.startswith(SKIPPED):
+        return f"{label[len(SKIPPED):]} offloading"
+    return label + ("" if block == "all" else f" in {block} layers")
+
+
 @dataclass
 class Candidate:
     """One recompute setting, priced: modelled peak per pipeline rank, replay cost, legality."""
@@ -109,8 +118,7 @@ class Candidate:
                   "rank_host_bytes": [int(x) for x in self.rank_host] if m else None,
                   "fits": self.fits, "allowed": self.allowed,
                   "rejected_by": list(self.rejected_by),
-                  "switched_off": [f"{label}" + ("" if block == "all" else f" in {block} layers")
-                                   for label, block in self.disabled],
+                  "switched_off": [_switched_off(label, block) for label, block in self.disabled],
                   "dominated": self.dominated_by is not None,
                   "dominated_by": self.dominated_by})
         return d

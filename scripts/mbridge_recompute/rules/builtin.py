@@ -1170,6 +1170,115 @@ def _inside_capture(s: State):
                    disables=tuple((lb, "all") for lb in hit))
 
 
+# ------------------------------------------------------------------ offloads upstream skips
+# Each switches the offload off in the memory model: ("offload:MODULE", "all"), memory/offload.py.
+def _offloaded(s: State) -> set:
+    return set(s.w.offload_modules or []) if s.w.fine_grained_activation_offloading else set()
+
+
+def _skip(*modules: str) -> tuple:
+    from mbridge_recompute.memory.offload import skipped
+
+    return tuple(skipped(m) for m in modules)
+
+
+@rule("offload-core-attn-skipped-under-recompute")
+def _offload_core_attn(s: State):
+    if "core_attn" in _offloaded(s) and s.selective("core_attn"):
+        return Hit("core_attn is recomputed and offloaded: the checkpointed attention never enters "
+                   "the core_attn offload context, so core attention's tensors stay on the GPU",
+                   disables=_skip("core_attn"))
+
+
+@rule("offload-fused-norm-moves-nothing")
+def _offload_fused_norm(s: State):
+    from mbridge_recompute.layer_spec import norm_fused
+
+    te, mla = s.w.transformer_impl == "transformer_engine", bool(s.w.multi_latent_attention)
+    kinds = [k.split("+") for k in s.w.layer_kinds()]
+    mods = _offloaded(s)
+    fused = []
+    if "attn_norm" in mods and norm_fused("attention", te, mla):
+        fused.append("attn_norm")
+    mlp_kinds = [b for b in kinds if "mlp" in b or "moe" in b]
+    if "mlp_norm" in mods and mlp_kinds and all(norm_fused("mlp", te, moe="moe" in b) for b in mlp_kinds):
+        fused.append("mlp_norm")
+    if fused:
+        return Hit(f"{_fmt(fused)} offloaded on the Transformer Engine spec, where that norm is fused "
+                   "into the next GEMM (IdentityOp): nothing is offloaded for it",
+                   disables=_skip(*fused))
+
+
+@rule("offload-inside-moe-recompute")
+def _offload_in_moe(s: State):
+    inside = sorted(_offloaded(s) & {"moe_act", "expert_fc1"})
+    if inside and s.selective("moe") and s.w.is_moe:
+        return Hit(f"{_fmt(inside)} offloaded inside the recomputed MoE layer: its forward runs under "
+                   "no_grad, so nothing is saved for the offload to move", disables=_skip(*inside))
+
+
+@rule("offload-under-full-recompute")
+def _offload_full(s: State):
+    if not _offloaded(s) or s.g != "full" or s.w.recompute_num_layers is None \
+            or s.w.recompute_num_layers < 1:
+        return None
+    n = s.w.recompute_num_layers
+    every = s.w.recompute_method != "block" or all(n >= c for c in s.chunk_sizes())
+    if every:
+        return Hit("fine-grained offloading under full recompute of every layer: the checkpointed "
+                   "forwards save nothing for the offload to move, so nothing is offloaded",
+                   disables=_skip(*sorted(_offloaded(s))))
+    return Hit(f"fine-grained offloading under full block recompute of {n} layers per chunk: those "
+               "layers offload nothing; only the layers after them offload", severity="info")
+
+
+@rule("fine-grained-offloading-on-hybrid-stack")
+def _offload_hybrid(s: State):
+    if _offloaded(s) and s.w.hybrid_override_pattern:
+        return Hit("fine-grained offloading on a hybrid (Mamba) model: MambaModel never sets up the "
+                   "offload handler on this release, so nothing is offloaded",
+                   disables=_skip(*sorted(_offloaded(s))))
+
+
+@rule("attn-norm-offload-with-attn-graph")
+def _attn_norm_graph(s: State):
+    if "attn_norm" in _offloaded(s) and "attn" in s.scopes:
+        return Hit("attn_norm offloaded with attention in the CUDA-graph capture modules: its "
+                   "offloading is switched off", disables=_skip("attn_norm"))
+
+
+@rule("mlp-norm-offload-with-graph-boundary")
+def _mlp_norm_graph(s: State):
+    if "mlp_norm" not in _offloaded(s):
+        return None
+    kinds = [k.split("+") for k in s.w.layer_kinds()]
+    attn, mlp = "attn" in s.scopes, "mlp" in s.scopes
+    off_moe = attn or "moe_router" in s.scopes
+    off_dense = attn != mlp
+    hit = [b for b in kinds if ("moe" in b and off_moe) or ("mlp" in b and "moe" not in b and off_dense)]
+    carriers = [b for b in kinds if "moe" in b or "mlp" in b]
+    if not hit:
+        return None
+    whole = len(hit) == len(carriers)
+    return Hit("mlp_norm offloaded with the pre-MLP norm on a CUDA-graph boundary "
+               f"({'every' if whole else 'some'} MLP / MoE layer): its offloading is switched off",
+               disables=_skip("mlp_norm") if whole else ())
+
+
+@rule("cpu-offloading-weights-ignored")
+def _cpu_weights(s: State):
+    if not (s.w.cpu_offloading and s.extra.get("cpu_offloading_weights")):
+        return None
+    since = s.params("cpu-offloading-weights-ignored")["ignored_from_te"]
+    if s.te_min(since) is False and not s.te_absent:
+        return None
+    nothing = s.extra.get("cpu_offloading_activations") is False
+    return Hit("cpu_offloading_weights=true: Transformer Engine "
+               + (f"{s.te_shown()} " if s.te is not None else f"{since} and later ")
+               + "offloads no weights" + (", and with cpu_offloading_activations=false nothing is "
+                                          "offloaded at all" if nothing else ""))
+
+
 # ================================================================== evaluation
 @dataclass
 class Evaluation:
