@@ -20,7 +20,7 @@ if str(SCRIPTS) not in sys.path:
 SCRIPT_OF = {
     "plan": "plan.py", "config": "write_config.py", "check": "check_config.py",
     "harness": "run_harness.py", "compare": "compare_runs.py", "diagnose": "diagnose.py",
-    "tests": "run_tests.py",
+    "tests": "run_tests.py", "tune": "tune.py",
 }
 
 

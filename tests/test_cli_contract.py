@@ -51,12 +51,15 @@ def light_invocations(fake_bridge, fake_package) -> dict:
                     "--no-parser-check", "--json", "--", "-m", "llama", "-mr", "llama3_8b", "-ng", "8",
                     "-g", "h100", "-gb", "128", "-sl", "8192"],
         "tests": ["tests", "--repo", str(fake_package), "--runner", "python", "--json"],
+        "tune": ["tune", str(EXAMPLES / "moonlight_16b.yaml"), "--repo", str(fake_bridge), "--json", "--",
+                 "-m", "deepseek", "-mr", "moonlight_16b", "-ng", "8", "-g", "h100", "-gb", "4",
+                 "-sl", "4096"],
     }
 
 
 # ---------------------------------------------------------------- the scripts
 
-def test_the_seven_tools_are_the_scripts():
+def test_the_tools_are_the_scripts():
     assert sorted(p.name for p in SCRIPTS.glob("*.py")) == SCRIPT_FILES
 
 
@@ -129,6 +132,7 @@ MINIMAL_KEYS = {
     "diagnose": {"findings"},
     "harness": {"runs"},
     "tests": {"verdict", "selected", "passed", "failed", "errors", "skipped"},
+    "tune": {"procedure", "steps", "runs", "next", "stop", "answer"},
 }
 
 
@@ -150,6 +154,7 @@ BAD_INPUT = {
     "diagnose": ["/nonexistent/run.log"],
     "harness": ["--repo", "/nonexistent/bridge", "--candidates", "[]"],
     "tests": ["--repo", "/nonexistent/checkout"],
+    "tune": ["/nonexistent/workload.yaml"],
 }
 
 

@@ -224,7 +224,7 @@ def help_text(script: str) -> str:
 def _landed(script: str) -> bool:
     tool = {v: k for k, v in SCRIPT_OF.items()}[script]
     module = {"plan": "plan", "config": "config", "check": "check", "harness": "harness",
-              "compare": "compare", "diagnose": "diagnose", "tests": "tests"}[tool]
+              "compare": "compare", "diagnose": "diagnose", "tests": "tests", "tune": "tune"}[tool]
     return (SCRIPTS / "mbridge_recompute" / "commands" / f"{module}.py").exists()
 
 

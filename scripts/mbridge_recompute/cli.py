@@ -38,6 +38,7 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "compare": ("compare", "compare run logs against the matched control"),
     "diagnose": ("diagnose", "classify an OOM or recompute error from a log or a message"),
     "tests": ("tests", "run recompute-focused tests and judge them (zero selected is a failure)"),
+    "tune": ("tune", "run the loop plan -> run -> measure -> calibrate until the cheapest setting passes"),
 }
 EXIT_INTERRUPTED = 130
 
@@ -178,14 +179,17 @@ def _run(argv: list) -> int:
         _top_parser().parse_args(argv[:1] if argv else ["--help"])
         return 0
     parser, module = build_parser(argv[0])
-    rest, mlm_argv = argv[1:], None
-    if "--" in rest and any(a.dest == "mlm_args" for a in parser._actions):
-        # `plan.py [options] -- ARGS`: a Megatron-LM argument list after a bare -- (inputs/mlm_args.py)
+    rest, tail = argv[1:], None
+    # what a bare -- hands over: a Megatron-LM argument list (`plan.py [options] -- ARGS`,
+    # inputs/mlm_args.py), or the arguments a tool names as its TAIL (tune's harness arguments)
+    tail_dest = getattr(module, "TAIL", None) or (
+        "mlm_args" if any(a.dest == "mlm_args" for a in parser._actions) else None)
+    if "--" in rest and tail_dest:
         cut = rest.index("--")
-        rest, mlm_argv = rest[:cut], rest[cut + 1:]
+        rest, tail = rest[:cut], rest[cut + 1:]
     args = parser.parse_args(rest)
-    if mlm_argv is not None:
-        args.mlm_args = mlm_argv
+    if tail is not None:
+        setattr(args, tail_dest, tail)
     with width(None if args.wide else WIDTH):
         return module.run(args)
 

@@ -441,8 +441,10 @@ def _sequence(w: Workload) -> None:
                          "(tensor_parallel/mappings.py:70-74 @ core_v0.19.0)")
 
 
-def add_workload_arguments(parser) -> None:
-    """Options shared by every workload-taking tool."""
+def add_workload_arguments(parser, mlm_args: bool = True) -> None:
+    """Options shared by every workload-taking tool. `mlm_args=False` for a tool whose own
+    arguments follow a bare `--` (tune's harness arguments), where `--mlm-args -- ARGS` would
+    take them."""
     import argparse
 
     parser.add_argument("workload", nargs="?", metavar="WORKLOAD.yaml",
@@ -460,6 +462,8 @@ def add_workload_arguments(parser) -> None:
     parser.add_argument("--mcore-version", metavar="VER",
                         help="megatron-core version to check labels against "
                              "(default: the installed one, else the newest the card covers)")
+    if not mlm_args:
+        return
     parser.add_argument("--mlm-args", nargs=argparse.REMAINDER, action=_MlmArgs, metavar="FILE | -- ARGS",
                         help="a Megatron-LM pretrain_gpt.py argument list: a file (the command line, or a "
                              "functional-test model_config.yaml), or -- and the arguments themselves (then "
