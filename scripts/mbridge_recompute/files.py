@@ -49,6 +49,7 @@ LIMITS = {
     "arguments": 4 * MIB,         # a Megatron-LM argument file (a command line or model_config.yaml)
     "plan": 16 * MIB,             # `plan --json` (run_harness --from-plan)
     "report": 16 * MIB,           # `compare --json` / `diagnose --json` (plan --measured)
+    "tune record": 16 * MIB,      # a tune's tune.json (64 runs at most, each a few KB)
     "checkout source": 4 * MIB,   # a file of a Megatron-Bridge checkout read as text, never run
     "log": 1024 * MIB,            # a training log (streamed: memory does not grow with it)
 }

@@ -22,7 +22,6 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Optional
 
-from mbridge_recompute.errors import InputError
 from mbridge_recompute.units import GB
 
 
@@ -127,24 +126,30 @@ def training_log(run_dir: Path, manifest: Optional[dict]) -> Optional[Path]:
 
 
 def read_run(run_dir: Path):
-    """(RunLog or None, manifest) of one run directory; the manifest is the harness's."""
+    """(RunLog or None, manifest) of one run directory, read through the tools' one reader
+    (`logs/rundir.py`); the training log is the run's own or, on Slurm, the job's."""
+    from mbridge_recompute import files
     from mbridge_recompute.logs import runlog
+    from mbridge_recompute.logs.rundir import RunDir
 
     run_dir = Path(run_dir)
-    manifest = runlog.read_manifest(run_dir / runlog.LOG)
-    path = training_log(run_dir, manifest)
-    if path is None:
+    if not files.exists(run_dir / runlog.LOG):
+        mpath = run_dir / runlog.MANIFEST
+        manifest = runlog.check_manifest(files.read_json(mpath, str(mpath), "manifest"), str(mpath)) \
+            if files.exists(mpath) else None
         return None, manifest
-    try:
-        text, replaced = runlog.read_text(path)
-    except InputError:          # an empty log: the run printed nothing
-        text, replaced = "", 0
-    run = runlog.parse_text(text or "\n", name=runlog.run_name(run_dir / runlog.LOG, manifest),
-                            path=str(path))
-    run.replaced_bytes = replaced
-    run.manifest = manifest
-    run.config = runlog.read_config_dump(run_dir / runlog.LOG)
-    run.setting = runlog.manifest_setting(manifest)
+    rd = RunDir(str(run_dir))
+    manifest = rd.manifest
+    job = training_log(run_dir, manifest)
+    log = job or rd.log_path
+    name = runlog.run_name(rd.log_path, manifest)
+    if log.stat().st_size == 0:          # the run printed nothing: a record with no lines
+        run = runlog.parse_text("\n", name=name, path=str(log))
+    elif log != rd.log_path:
+        run = runlog.parse_path(log, str(log), name)
+    else:
+        return rd.parse(), manifest
+    run.manifest, run.setting = manifest, runlog.manifest_setting(manifest)
     return run, manifest
 
 

@@ -38,6 +38,7 @@ def report(st, tuner, mode: str, notes: list) -> dict:
                         if c["candidate"] == rec.candidate), "")
             nxt.append({"candidate": rec.candidate, "role": rec.role, "step": rec.step, "why": why,
                         "run_dir": rec.run_dir, "argv": list(run.argv) if run else None,
+                        "cwd": run.cwd if run else None,
                         "env": dict(run.env) if run else {},
                         "display": harness.display(run) if run else None})
     preview = None
@@ -59,112 +60,138 @@ def report(st, tuner, mode: str, notes: list) -> dict:
     }
 
 
-def _run_line(r: dict) -> str:
+class Lines:
+    """Text at the invocation's width (output.py): prose wraps under a hanging indent, a command
+    continues with backslashes, config text stays as written."""
+
+    def __init__(self):
+        self.out: list = []
+
+    def say(self, text: str, indent: str = "") -> None:
+        from mbridge_recompute.output import quote_overrides, wrap
+
+        self.out += wrap(quote_overrides(text), indent, indent + "    ")
+
+    def raw(self, line: str = "") -> None:
+        self.out.append(line)
+
+    def command(self, argv: list, head: str = "", indent: str = "") -> None:
+        from mbridge_recompute.output import shell_lines
+
+        self.out += shell_lines(argv, indent, indent + "    ", head=head)
+
+    def text(self) -> str:
+        return "\n".join(self.out)
+
+
+def _run_lines(out: Lines, r: dict) -> None:
     v = r.get("verdict") or {}
     m = r.get("measurement") or {}
     if r["state"] != "finished":
-        return f"  {r['role']} {r['candidate']}: {r['state']}"
+        out.say(f"{r['role']} {r['candidate']}: {r['state']}", "  ")
+        return
     peaks = ", ".join(f"rank {p['rank']} {p['allocated_gb']:.3f}" for p in m.get("steady") or []) or \
         ", ".join(f"rank {p['rank']} {p['allocated_gb']:.3f} (it. 1)" for p in m.get("first_iteration") or [])
     mark = "PASS" if v.get("passed") else "measured" if r["role"] == "baseline" else "no"
-    out = f"  {r['role']} {r['candidate']}: {mark} - {v.get('why', '')}"
+    out.say(f"{r['role']} {r['candidate']}: {mark} - {v.get('why', '')}", "  ")
     if peaks:
-        out += f"\n    measured GB: {peaks}"
-    return out
+        out.say(f"measured GB: {peaks}", "    ")
 
 
 def render_text(rep: dict) -> str:
-    from mbridge_recompute.output import quote_overrides
+    from mbridge_recompute.output import shell_token
 
+    out = Lines()
     free = f", frees >= {_gb(rep['free_bytes'])} GB against the baseline" if rep["free_bytes"] else ""
-    lines = [f"tune {rep['mode']}: {rep['workload']}, budget {_gb(rep['budget_bytes'])} GB per GPU{free}",
-             f"  runs {rep['runs_used']} of at most {rep['max_runs']}, launcher {rep['launcher']}, "
-             f"record {rep['tune_json']}"]
+    out.say(f"tune {rep['mode']}: {rep['workload']}, budget {_gb(rep['budget_bytes'])} GB per GPU{free}")
+    out.say(f"runs {rep['runs_used']} of at most {rep['max_runs']}, launcher {rep['launcher']}, "
+            f"record {rep['tune_json']}", "  ")
     for w in rep["warnings"]:
-        lines.append(f"  {w}")
+        out.say(w, "  ")
     for n in rep["notes"]:
-        lines.append(f"note: {quote_overrides(n)}")
+        out.say(f"note: {n}")
     if rep["mode"] == "dry-run" and not any(r["state"] == "finished" for r in rep["runs"]):
-        lines += ["", "decision procedure:"] + [f"  {p}" for p in rep["procedure"]]
+        out.raw()
+        out.raw("decision procedure:")
+        for p in rep["procedure"]:
+            out.say(p, "  ")
     by_step: dict = {}
     for r in rep["runs"]:
         by_step.setdefault(r["step"], []).append(r)
     for s in rep["steps"]:
-        lines.append("")
+        out.raw()
         cal = s.get("calibration")
         head = f"step {s['step']}"
         if cal and cal.get("rank_offset_bytes"):
             head += ": offsets " + ", ".join(f"pp{i} {o / GB:+.2f}" for i, o in
                                              enumerate(cal["rank_offset_bytes"])) + " GB"
-        lines.append(head)
+        out.say(head)
         for cand, why in (cal or {}).get("against_model", {}).items():
-            lines.append(f"  {cand}: {why}")
+            out.say(f"{cand}: {why}", "  ")
         for c in s["decision"]["runs"]:
-            lines.append(f"  run {c['candidate']} ({c['role']}): {c['why']}")
+            out.say(f"run {c['candidate']} ({c['role']}): {c['why']}", "  ")
         for r in by_step.get(s["step"], []):
-            lines.append(_run_line(r))
+            _run_lines(out, r)
         if s["decision"].get("stop"):
-            lines.append(f"  stop ({s['decision']['stop']}): {s['decision']['why']}")
+            out.say(f"stop ({s['decision']['stop']}): {s['decision']['why']}", "  ")
     if rep["next"]:
         when = "--launch runs them" if rep["mode"] == "dry-run" else "pending"
-        lines += ["", f"next runs ({when}):"]
+        out.raw()
+        out.raw(f"next runs ({when}):")
         for n in rep["next"]:
-            lines += [f"# {n['candidate']} ({n['role']}): {n['why']}", n["display"] or "(not built)"]
+            out.say(f"# {n['candidate']} ({n['role']}): {n['why']}")
+            if n["argv"] is None:
+                out.raw("(not built)")
+                continue
+            env = " ".join(f"{k}={shell_token(v)}" for k, v in n["env"].items())
+            cd = f"cd {shell_token(n['cwd'])} && " if n.get("cwd") else ""
+            out.command(n["argv"], head=(cd + env).strip())
     if rep.get("preview"):
         p = rep["preview"]
+        out.raw()
         if p["runs"]:
-            lines += ["", "then, if the baseline measures as modelled: "
-                      + "; ".join(f"{c['candidate']} ({c['why']})" for c in p["runs"])]
+            out.say("then, if the baseline measures as modelled: "
+                    + "; ".join(f"{c['candidate']} ({c['why']})" for c in p["runs"]))
         elif p["stop"]:
-            lines += ["", f"then, if the baseline measures as modelled: stop ({p['stop']}): {p['why']}"]
+            out.say(f"then, if the baseline measures as modelled: stop ({p['stop']}): {p['why']}")
     if rep["stop"] and not any(s["decision"].get("stop") for s in rep["steps"][-1:]):
-        lines += ["", f"stopped ({rep['stop']['reason']}): {rep['stop']['why']}"]
+        out.raw()
+        out.say(f"stopped ({rep['stop']['reason']}): {rep['stop']['why']}")
     a = rep.get("answer")
     if a:
-        lines += ["", f"answer: {a['describe']} ({a['candidate']})"] + answer_lines(a)
+        out.raw()
+        out.say(f"answer: {a['describe']} ({a['candidate']})")
+        answer_lines(out, a)
     elif rep["mode"] == "launch":
-        lines += ["", "answer: none"]
-    return "\n".join(wrap(line) for line in lines)
+        out.raw()
+        out.raw("answer: none")
+    return out.text()
 
 
-WIDTH = 100
-
-
-def wrap(line: str) -> str:
-    """A prose line folded to 100 columns, continued under its own indent; commands, config and
-    table lines (no spaces to fold at, or starting with a command) stay whole for copy-paste."""
-    import textwrap
-
-    if len(line) <= WIDTH or line.lstrip().startswith(("PYTHONPATH=", "cd ", "python", "torchrun", "--",
-                                                       "model.", "cfg.")):
-        return line
-    indent = len(line) - len(line.lstrip())
-    follow = "#   " if line.startswith("# ") else " " * (indent + 4)
-    return textwrap.fill(line, WIDTH, subsequent_indent=follow, break_long_words=False,
-                         break_on_hyphens=False)
-
-
-def answer_lines(a: dict) -> list:
-    from mbridge_recompute.write.snippets import as_text
-
+def answer_lines(out: Lines, a: dict, formats: bool = True) -> None:
     m = a["measured"]
-    out = ["  measured peak allocated: " + (", ".join(
+    out.say("measured peak allocated: " + (", ".join(
         f"rank {p['rank']} (pp {p['pp_rank']}) {p['allocated_gb']:.3f} GB after {p['after']}"
-        for p in m["ranks"]) or "-"),
-        f"  step time {_num(m['step_time_ms'], '.2f')} ms, {_num(m['tflops_per_gpu'], '.2f')} TFLOP/s/GPU; "
-        f"{a['step_time_cost']}; modelled replay cost {a['modelled_cost_pct']:.2f} %",
-        f"  run directory: {a['run_dir']}"]
-    formats = a["formats"]
+        for p in m["ranks"]) or "-"), "  ")
+    out.say(f"step time {_num(m['step_time_ms'], '.2f')} ms, {_num(m['tflops_per_gpu'], '.2f')} TFLOP/s/GPU; "
+            f"{a['step_time_cost']}; modelled replay cost {a['modelled_cost_pct']:.2f} %", "  ")
+    out.say(f"run directory: {a['run_dir']}", "  ")
+    if not formats:
+        return
+    written = a["formats"]
     for fmt in ("yaml", "overrides", "harness", "mlm", "python"):
-        value = formats.get(fmt)
+        value = written.get(fmt)
         if not value:
-            why = (formats.get("unexpressible") or {}).get(fmt)
+            why = (written.get("unexpressible") or {}).get(fmt)
             if why:
-                out.append(f"  {fmt}: cannot say it ({why})")
+                out.say(f"{fmt}: cannot say it ({why})", "  ")
             continue
-        text = as_text(value).rstrip("\n")
-        out += [f"  {fmt}:"] + [f"    {ln}" for ln in text.splitlines()]
-    return out
+        out.raw(f"  {fmt}:")
+        if isinstance(value, list):
+            out.command(value, indent="    ")
+        else:
+            for ln in value.rstrip("\n").splitlines():
+                out.raw(f"    {ln}")
 
 
 # ------------------------------------------------------------------ --from: history
@@ -224,7 +251,9 @@ def render_history(rep: dict) -> str:
         lines += ["", f"stop ({rep['stop']['reason']}): {rep['stop']['why']}"]
     if rep["answer"]:
         a = rep["answer"]
-        lines += [f"answer: {a['describe']} ({a['candidate']})"] + answer_lines(a)[:3]
+        tail = Lines()
+        answer_lines(tail, a, formats=False)
+        lines += [f"answer: {a['describe']} ({a['candidate']})"] + tail.out
     if rep.get("plot"):
         lines.append(f"plot: {rep['plot']}")
     return "\n".join(lines)

@@ -95,7 +95,7 @@ def load(path: Path, field_name: str = "--from") -> TuneState:
     """A tune.json read back; InputError naming `field_name` when it is not one."""
     from mbridge_recompute.files import read_json
 
-    data = read_json(path, field_name)
+    data = read_json(path, field_name, "tune record")
     if not isinstance(data, dict) or data.get("format") != FORMAT:
         raise InputError(field_name, f"{path} is not a tune record (no \"format\": {FORMAT!r})")
     try:
