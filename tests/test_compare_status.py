@@ -103,7 +103,8 @@ def test_different_parallelism_in_the_manifest_is_unmatched(tmp_path):
     out = json.loads(proc.stdout)
     row = next(r for r in out["runs"] if r["name"] == "moe_act")
     assert row["matched"] is False
-    assert row["reasons"] == ["command lines differ beyond recompute: -tp 4 vs 2 in the control"]
+    assert row["reasons"] == ["command lines differ beyond recompute: --tensor_model_parallel_size 4 vs 2 in "
+                              "the control"]
     assert out["narrowest"] is None and out["unmatched"] == ["moe_act"]
 
 
@@ -119,9 +120,11 @@ def test_different_revision_is_unmatched(tmp_path):
 
 
 def test_recompute_flags_alone_keep_the_pair_matched():
-    a = ["-tp", "2", "--recompute_modules", "moe_act", "-wdj", "a"]
-    b = ["-tp", "2", "model.recompute_granularity=selective", "'model.recompute_modules=[]'", "-wdj", "b"]
-    assert compare._argv_key(a) == compare._argv_key(b) == ["-tp", "2"]
+    a = ["-tp", "2", "--recompute_mod", "moe_act", "-wdj", "a"]
+    b = ["--tensor_model_parallel_size", "2", "model.recompute_granularity=selective",
+         "model.recompute_modules=[]", "-wdj", "b"]
+    assert compare.command_settings({"argv": a}) == compare.command_settings({"argv": b}) == {
+        "--tensor_model_parallel_size": ["2"]}
 
 
 def test_different_batch_or_weights_in_the_logs_is_unmatched():

@@ -32,17 +32,19 @@ from functools import reduce
 from typing import Optional
 
 from mbridge_recompute.errors import InputError, Rejected
-from mbridge_recompute.logs.runlog import MAX_ITERATIONS, RunLog, is_option
+from mbridge_recompute.logs.runlog import MAX_ITERATIONS, RunLog
 
 STATUSES = ("pass", "oom", "nan", "incomplete")
 CONTROL_NAMES = ("empty", "[]", "control")
 
-# argv tokens that only name, place or set the recompute of a run: everything
-# else must be equal for two runs to be a matched pair (bridge-harness.md §1.4).
-_RUN_ONLY_OPTS = {"--recompute_modules", "-rl", "--recompute_num_layers", "-wdj", "-l", "--log_dir",
-                  "--save_config_filepath", "-d", "--dryrun"}
-_RUN_ONLY_FLAGS = {"-d", "--dryrun", "--dry-run", "--detach"}
-_RUN_ONLY_HYDRA = ("model.recompute_", "logger.save_config_filepath", "checkpoint.save")
+# what only names, places or sets the recompute of a run: everything else must be equal for two
+# runs to be a matched pair (bridge-harness.md §1.4). Flags by their canonical spelling (the
+# harness argv is read as the rank reads it, runs/harness_argv.py: `-rl`, `--recompute_mod` and
+# `--recompute_modules=a` are all one of these), Hydra keys by name or prefix.
+_RUN_ONLY_FLAGS = ("--recompute_modules", "--recompute_num_layers", "--wandb_experiment_name", "--log_dir",
+                   "--save_config_filepath", "--dryrun", "--detach")
+_RUN_ONLY_KEYS = ("model.recompute_", "model.distribute_saved_activations", "logger.save_config_filepath",
+                  "checkpoint.save")
 # config-dump fields a matched pair must share (leaf names; parallelism, batch, sequence,
 # precision, schedule, and the memory-relevant features around recompute)
 MATCHED_FIELDS = (
@@ -179,60 +181,20 @@ def choose_control(runs: list, name: Optional[str]) -> RunLog:
     return runs[0]
 
 
-def _own_argv(manifest: dict) -> list:
-    """The manifest's argv without its `recompute_tokens` (the harness lists the tokens that differ)."""
-    argv = [str(t) for t in manifest["argv"]]
-    for tok in manifest.get("recompute_tokens") or []:
-        if str(tok) in argv:
-            argv.remove(str(tok))
-    return argv
+def command_settings(manifest: dict) -> dict:
+    """A manifest's command line as {what it sets: [values]}, without what only names a run or
+    sets its recompute: the launcher and entry script as written, then the harness flags by
+    their canonical spelling and the Hydra overrides by key (runs/harness_argv.py)."""
+    from mbridge_recompute.runs.harness_argv import HarnessArgv
 
-
-def _argv_key(argv: list) -> list:
-    """argv without the tokens that only name a run or set its recompute."""
-    out, skip = [], False
-    for tok in argv:
-        tok = str(tok)
-        if skip:
-            skip = False
-            continue
-        flag, eq, _ = tok.partition("=")
-        bare = tok.strip("'\"")
-        if bare.startswith(_RUN_ONLY_HYDRA):
-            continue
-        if tok in _RUN_ONLY_FLAGS:
-            continue
-        if flag in _RUN_ONLY_OPTS:
-            skip = not eq
-            continue
-        out.append(bare)
+    release = manifest.get("bridge_release")
+    hargv = HarnessArgv.of_command(manifest["argv"], release if isinstance(release, str) else None)
+    out = {"launcher": [" ".join(hargv.head)]} if hargv.head else {}
+    out.update(hargv.settings(skip_flags=_RUN_ONLY_FLAGS, skip_keys=_RUN_ONLY_KEYS))
+    words = [t for t in hargv.left if not any(o.token == t for o in hargv.overrides)]
+    if words:
+        out["other words"] = words
     return out
-
-
-def _argv_items(argv: list) -> dict:
-    """{option or hydra key or positional index: [values]} for comparing two command lines."""
-    items: dict = {}
-    i, pos = 0, 0
-    while i < len(argv):
-        tok = argv[i]
-        if is_option(tok):
-            flag, eq, val = tok.partition("=")
-            if eq:
-                items.setdefault(flag, []).append(val)
-            elif i + 1 < len(argv) and not is_option(argv[i + 1]):
-                items.setdefault(flag, []).append(argv[i + 1])
-                i += 1
-            else:
-                items.setdefault(flag, []).append("")
-        elif "=" in tok:
-            key, _, val = tok.partition("=")
-            items.setdefault(key, []).append(val)
-        else:
-            items[f"argument {pos + 1}"] = [tok]
-            pos += 1
-        i += 1
-    return items
-
 
 
 def match(run: RunLog, control: RunLog) -> list:
@@ -242,7 +204,7 @@ def match(run: RunLog, control: RunLog) -> list:
     reasons = []
     ma, mb = run.manifest or {}, control.manifest or {}
     if isinstance(ma.get("argv"), list) and isinstance(mb.get("argv"), list):
-        a, b = _argv_items(_argv_key(_own_argv(ma))), _argv_items(_argv_key(_own_argv(mb)))
+        a, b = command_settings(ma), command_settings(mb)
         if a != b:
             diffs = [f"{k} {' '.join(a.get(k, ['(absent)']))} vs {' '.join(b.get(k, ['(absent)']))}"
                      for k in sorted(set(a) | set(b)) if a.get(k) != b.get(k)]

@@ -224,8 +224,7 @@ class LineScan:
             self._waiting = None
         if not line:
             return
-        if len(self.command_lines) < self.MAX_COMMAND_LINES and (
-                "--recompute_mod" in line or "-rl" in line or "--recompute_num_layers" in line):
+        if len(self.command_lines) < self.MAX_COMMAND_LINES and "-r" in line and _COMMAND_HINT.search(line):
             self.command_lines.append((no, line[:2000]))
         sig = self._match(line)
         if sig is None:
@@ -303,9 +302,9 @@ def _error_findings(run: RunLog) -> list:
     return ordered + unknown
 
 
-# a harness command line as a log or manifest shows it
-_RL = re.compile(r"(?<!\S)(?:-rl|--recompute_num_layers)(?:=|\s+)\d")
-_MODULES_FLAG = re.compile(r"(?<!\S)--recompute_mod\w*(?==|\s)")
+# a harness command line as a log or manifest shows it, read as the rank reads it
+# (runs/harness_argv.py): an abbreviation (--recompute_mod) is the flag it abbreviates
+_COMMAND_HINT = re.compile(r"--recompute_|(?<!\S)-r(?:l|\s|=|\d)")
 _RL_FIX = ("drop -rl: the harness applies the argparse flags after the Hydra overrides (run_script.py:76-79, "
            "overrides.py:174-177 @ 067f987; run_script.py:86-87, overrides.py:150-153 @ v0.5.1), so "
            "model.recompute_method=null model.recompute_num_layers=null cannot undo -rl in the same run. "
@@ -313,24 +312,43 @@ _RL_FIX = ("drop -rl: the harness applies the argparse flags after the Hydra ove
            "alone (or block:N in run_harness.py), for selective use --recompute_modules alone")
 
 
+def _tokens(line: str) -> list:
+    import shlex
+
+    try:
+        return shlex.split(line)
+    except ValueError:            # an unbalanced quote in a log line
+        return line.split()
+
+
 def _command_lines(run: RunLog) -> list:
-    """Command lines the run shows: its manifest's argv, and log lines that hold harness flags."""
+    """(line number or None, text, HarnessArgv) for each command line the run shows: its
+    manifest's argv, and log lines that hold harness recompute flags."""
+    from mbridge_recompute.runs.harness_argv import HarnessArgv
+
+    manifest = run.manifest or {}
+    release = manifest.get("bridge_release") if isinstance(manifest.get("bridge_release"), str) else None
     out = []
-    argv = (run.manifest or {}).get("argv")
+    argv = manifest.get("argv")
     if isinstance(argv, list):
-        out.append((None, " ".join(map(str, argv))))
-    return out + list(scan_of(run).command_lines)
+        out.append((None, " ".join(map(str, argv)), HarnessArgv.of_command(argv, release)))
+    for no, line in scan_of(run).command_lines:
+        out.append((no, line, HarnessArgv.of_command(_tokens(line), release)))
+    return out
 
 
 def _argv_findings(run: RunLog, found: list) -> list:
     """What a harness command line in the log shows: `-rl` next to labels, a list flag given twice."""
+    from mbridge_recompute.runs.harness_argv import LAYERS_FLAG, MODULES_FLAG
+
     out = []
     lines = _command_lines(run)
-    with_rl = [(no, t) for no, t in lines if _RL.search(t) and _MODULES_FLAG.search(t)]
+    with_rl = [no for no, _, h in lines if h.given(LAYERS_FLAG) and h.given(MODULES_FLAG)]
+    any_rl = [no for no, _, h in lines if h.given(LAYERS_FLAG)]
     for f in found:
         if f.get("id") != "selective-with-num-layers":
             continue
-        if with_rl or any(_RL.search(t) for _, t in lines):
+        if with_rl or any_rl:
             f["next_action"] = _RL_FIX
             f["evidence"] += "; the command line has -rl" + (" beside --recompute_modules" if with_rl else "")
         else:
@@ -339,13 +357,15 @@ def _argv_findings(run: RunLog, found: list) -> list:
             f["next_action"] += ("; if the run was given -rl N together with --recompute_modules, drop "
                                  "-rl instead (the harness applies -rl after the Hydra overrides, so nulls "
                                  "cannot undo it)")
-    for no, text in lines:
-        if len(_MODULES_FLAG.findall(text)) >= 2:
+    for no, text, h in lines:
+        given = h.given(MODULES_FLAG)
+        if len(given) >= 2:
             where = f"line {no}" if no else "the manifest's argv"
             out.append({"kind": "config", "id": "list-flag-given-twice", "severity": "warning",
                         "line": no or 0,
-                        "evidence": (f"{where}: --recompute_modules is given more than once: "
-                                     f"{text.strip()[:300]}"),
+                        "evidence": (f"{where}: --recompute_modules is given more than once ("
+                                     + ", ".join(repr(g.text) for g in given[:4])
+                                     + f"): {text.strip()[:300]}"),
                         "next_action": ("argparse keeps only the last --recompute_modules (its earlier "
                                         "labels are dropped without an error): give every label in one "
                                         "comma-separated token, --recompute_modules a,b"),

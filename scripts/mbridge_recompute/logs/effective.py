@@ -27,7 +27,6 @@ Reads the run with logs/runlog.py's readers; nothing here imports torch or megat
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional
@@ -35,8 +34,6 @@ from typing import Optional
 from mbridge_recompute.errors import InputError
 
 FIELDS = ("recompute_granularity", "recompute_modules", "recompute_method", "recompute_num_layers")
-_HYDRA = re.compile(r"^(\+\+|\+)?model\.(recompute_granularity|recompute_modules|recompute_method|"
-                    r"recompute_num_layers)=(.*)$")
 CAUSES = {
     "none-promoted": "megatron-core turns recompute_modules None into [core_attn] at any granularity "
                      "(transformer_config.py __post_init__: tc:1193-1194 @ core_v0.16.1, tc:1763-1764 @ "
@@ -63,13 +60,6 @@ FIXES = {
 
 
 @dataclass
-class Request:
-    field: str
-    value: object
-    token: str          # what the command said, as written
-
-
-@dataclass
 class RunSetting:
     """What a run asked for and what it had."""
     run: str
@@ -87,57 +77,20 @@ class RunSetting:
     def to_dict(self) -> dict:
         return {"run": self.run, "asked": self.asked, "asked_from": self.asked_from, "ran": self.ran,
                 "ran_from": self.ran_from,
-                "requests": [{"field": r.field, "value": r.value, "token": r.token} for r in self.requests],
+                "requests": [{"field": r.field, "value": r.value, "token": r.token, "source": r.source}
+                             for r in self.requests],
                 "differences": self.differences, "ignored_labels": self.ignored_labels,
                 "error": self.error}
 
 
-def _hydra_value(text: str):
-    t = text.strip()
-    if t in ("null", "None", "~", ""):
-        return None
-    if t.startswith("[") and t.endswith("]"):
-        return [x.strip().strip("'\"") for x in t[1:-1].split(",") if x.strip()]
-    try:
-        return int(t)
-    except ValueError:
-        return t.strip("'\"")
+def requests_of(argv: list, release: Optional[str] = None) -> tuple[list, bool]:
+    """The recompute requests of a harness command line, in the order the rank applies them
+    (runs/harness_argv.py: Hydra overrides first, then the argparse flags, run_script.py:76-79 @
+    v0.6.0), and whether it runs --use_recipes (whose path reads no recompute flag)."""
+    from mbridge_recompute.runs.harness_argv import HarnessArgv
 
-
-def requests_of(argv: list) -> tuple[list, bool]:
-    """The recompute requests of a harness argv, in the order the rank applies them: Hydra
-    overrides first, then the argparse flags (run_script.py:76-79 @ v0.6.0). And --use_recipes."""
-    hydra, flags = [], []
-    use_recipes = "--use_recipes" in argv
-    i = 0
-    while i < len(argv):
-        tok = str(argv[i])
-        m = _HYDRA.match(tok)
-        nxt = str(argv[i + 1]) if i + 1 < len(argv) else None
-        if m:
-            hydra.append(Request(m.group(2), _hydra_value(m.group(3)), tok))
-        elif tok.startswith("--recompute_modules"):
-            value = tok.split("=", 1)[1] if "=" in tok else nxt
-            if "=" not in tok:
-                i += 1
-            mods = (value or "").split(",")
-            flags += [Request("recompute_granularity", "selective", f"--recompute_modules {value}"),
-                      Request("recompute_modules", mods, f"--recompute_modules {value}")]
-        elif tok in ("-rl", "--recompute_num_layers") or tok.startswith(("-rl=", "--recompute_num_layers=")):
-            value = tok.split("=", 1)[1] if "=" in tok else nxt
-            if "=" not in tok:
-                i += 1
-            text = f"{tok.split('=')[0]} {value}"
-            try:
-                n = int(value)
-            except (TypeError, ValueError):
-                n = value
-            flags += [Request("recompute_granularity", "full", text),
-                      Request("recompute_method", "block", text), Request("recompute_num_layers", n, text)]
-        i += 1
-    if use_recipes:
-        return hydra, True            # the flags are not read on that path
-    return hydra + flags, False
+    hargv = HarnessArgv.of_command(argv, release)
+    return hargv.recompute_requests(), hargv.use_recipes
 
 
 def _ran(dump: Optional[dict], where: str) -> Optional[dict]:
@@ -168,7 +121,8 @@ def read(run: str, config: Optional[str] = None, watch=None) -> tuple[RunSetting
     dump = rd.dump
     parsed = rd.parse(watch)
     argv = [str(a) for a in (manifest or {}).get("argv") or []]
-    requests, use_recipes = requests_of(argv)
+    release = (manifest or {}).get("bridge_release")
+    requests, use_recipes = requests_of(argv, release if isinstance(release, str) else None)
     if manifest and isinstance(manifest.get("setting"), dict):
         asked = {k: manifest["setting"].get(k) for k in FIELDS}
         asked_from = "manifest candidate"
@@ -197,7 +151,9 @@ def read(run: str, config: Optional[str] = None, watch=None) -> tuple[RunSetting
 def differences(s: RunSetting) -> list:
     out = []
     if s.use_recipes:
-        flags = [a for a in s.argv if a.startswith(("--recompute_modules", "-rl", "--recompute_num_layers"))]
+        from mbridge_recompute.runs.harness_argv import HarnessArgv
+
+        flags = [f.text for f in HarnessArgv.of_command(s.argv).recompute_flags()]
         if flags:
             out.append({"field": "recompute flags", "asked": flags, "ran": "not read",
                         "cause": "ignored-flags", "why": CAUSES["ignored-flags"]})
@@ -240,9 +196,8 @@ def _inert(s: RunSetting, name: str) -> bool:
 def _flag_won(requests: list, name: str, ran) -> bool:
     """A Hydra override of `name` followed by a flag that set what ran (flags are applied last)."""
     for i, r in enumerate(requests):
-        if r.field == name and r.token.lstrip("+").startswith("model."):
-            later = [x for x in requests[i + 1:]
-                     if x.field == name and not x.token.lstrip("+").startswith("model.")]
+        if r.field == name and r.source == "hydra":
+            later = [x for x in requests[i + 1:] if x.field == name and x.source == "flag"]
             if later and _same(later[-1].value, ran):
                 return True
     return False
@@ -266,8 +221,7 @@ def _by_request(s: RunSetting) -> list:
         if _same(r.value, ran):
             continue
         later = [x for x in s.requests[i + 1:] if x.field == r.field]
-        hydra = r.token.lstrip("+").startswith("model.")
-        if hydra and any(not x.token.lstrip("+").startswith("model.") for x in later):
+        if r.source == "hydra" and any(x.source == "flag" for x in later):
             cause = "flag-order"
         elif r.field == "recompute_modules" and r.value is None and ran == ["core_attn"]:
             cause = "none-promoted"

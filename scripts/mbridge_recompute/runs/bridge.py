@@ -38,7 +38,6 @@ from typing import Optional
 
 from mbridge_recompute import DATA_DIR
 from mbridge_recompute.errors import InputError
-from mbridge_recompute.logs.runlog import is_option
 
 PERF = "scripts/performance"
 BOOTSTRAP = f"{PERF}/bootstrap.py"
@@ -280,82 +279,9 @@ def flags(key: str) -> list:
     return _flag_data()[key]["flags"]
 
 
-@lru_cache(maxsize=None)
-def _spellings(key: str) -> dict:
-    return {sp: entry for entry in flags(key) for sp in entry["flags"]}
-
-
-def resolve(token: str, key: str):
-    """(entry, spelling) for an option token at `key` (argparse's abbreviations included);
-    (None, reason) when the parser does not know it."""
-    name = token.split("=", 1)[0]
-    table = _spellings(key)
-    if name in table:
-        return table[name], name
-    if name.startswith("--"):
-        hits = sorted({sp for sp in table if sp.startswith("--") and sp.startswith(name)})
-        entries = {id(table[sp]): table[sp] for sp in hits}
-        if len(entries) == 1:
-            return next(iter(entries.values())), hits[0]
-        if entries:
-            return None, f"ambiguous: could be {', '.join(hits[:6])}"
-    return None, "not a flag of this release's harness"
-
-
-
-_HYDRA = re.compile(r"^(\+\+|\+|~)?[A-Za-z_][\w.\[\]'\"-]*(=|$)")
-
-
 def check_passthrough(tokens: list, key: str) -> list:
-    """Problems a release's harness parser would hit with `tokens`, before any GPU time.
+    """Problems a release's harness parser (or Hydra, which gets what the parser leaves) would hit
+    with `tokens`, before any GPU time: runs/harness_argv.py reads them as the rank does."""
+    from mbridge_recompute.runs.harness_argv import HarnessArgv
 
-    The rank scripts call `parse_known_args` and hand what is left to Hydra, so a token argparse
-    does not take must be a `key=value` override: a bare word (a second label after a space)
-    fails in Hydra with "Error parsing override 'X' missing EQUAL". A flag given twice keeps
-    only its last value (argparse), which silently drops the first.
-    """
-    problems = []
-    seen: dict = {}
-    i = 0
-    while i < len(tokens):
-        tok = tokens[i]
-        if is_option(tok):
-            entry, how = resolve(tok, key)
-            if entry is None:
-                problems.append(f"{tok!r}: {how} at Bridge {key}"
-                                + ("" if "ambiguous" in how else
-                                   "; the rank would hand it to Hydra, which cannot parse it"))
-                i += 1
-                continue
-            name = entry["flags"][-1]
-            value = None
-            if "=" in tok:
-                value = tok.split("=", 1)[1]
-            elif entry["value"] == "one":
-                if i + 1 >= len(tokens):
-                    problems.append(f"{tok!r} needs a value (argparse: expected one argument)")
-                    break
-                value = tokens[i + 1]
-                i += 1
-            elif entry["value"] == "optional" and i + 1 < len(tokens) and not tokens[i + 1].startswith("-"):
-                value = tokens[i + 1]
-                i += 1
-            elif entry["value"] == "many":
-                while i + 1 < len(tokens) and not tokens[i + 1].startswith("-") and "=" not in tokens[i + 1]:
-                    i += 1
-            choices = entry.get("choices")
-            if choices and value is not None:
-                allowed = ["None" if c is None else str(c) for c in choices]
-                if value not in allowed:
-                    problems.append(f"{tok} {value!r}: invalid choice at Bridge {key} "
-                                    f"(choose from {', '.join(allowed)})")
-            if name in seen and not entry.get("append"):
-                problems.append(f"{name} is given twice ({seen[name]!r} and {tok!r}): argparse keeps only "
-                                "the last; give it once (a list flag takes one comma-separated token)")
-            seen.setdefault(name, tok)
-        elif not _HYDRA.match(tok) or "=" not in tok and not tok.startswith("~"):
-            problems.append(f"{tok!r} is neither a harness flag nor a key=value override: the rank hands it "
-                            f"to Hydra, which fails (\"Error parsing override {tok!r} missing EQUAL\"); "
-                            "labels go in one comma-separated token (--recompute_modules a,b)")
-        i += 1
-    return problems
+    return HarnessArgv.parse(tokens, key).problems

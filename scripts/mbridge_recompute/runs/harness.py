@@ -50,12 +50,13 @@ import os
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterable, Optional, Sequence
+from typing import Optional, Sequence
 
 from mbridge_recompute.errors import InputError, Rejected
 from mbridge_recompute.logs.runlog import CONFIG_DUMP
 from mbridge_recompute.output import shell_line, shell_token
 from mbridge_recompute.runs import bridge
+from mbridge_recompute.runs.harness_argv import HarnessArgv
 from mbridge_recompute.setting import RecomputeSetting
 
 SETUP_EXPERIMENT = bridge.SETUP_EXPERIMENT
@@ -92,11 +93,11 @@ _CONFLICTING_SHORT = {
 _HYDRA_RECOMPUTE = re.compile(r"^(\+\+|\+|~)?model\.(recompute_\w*|distribute_saved_activations)\s*(=|$)")
 
 _PINNED = {
-    # flag spellings that pin a value -> what our option is called
-    "gbs": (("-gb", "--global_batch_size"), "-gb"),
-    "seq": (("-sl", "--seq_length"), "-sl"),
+    # the harness flag that pins a value -> how the sweep writes it
+    "gbs": ("--global_batch_size", "-gb"),
+    "seq": ("--seq_length", "-sl"),
 }
-_NUM_GPUS = ("-ng", "--num_gpus")
+_NUM_GPUS = "--num_gpus"
 
 
 @dataclass
@@ -333,21 +334,8 @@ def conflicts(passthrough: Sequence[str]) -> list:
     return found
 
 
-def flag_value(passthrough: Sequence[str], spellings: Iterable[str]) -> Optional[str]:
-    """The value of the last `-x V` / `--xx V` / `--xx=V` in the passthrough, or None."""
-    value = None
-    toks = list(passthrough)
-    for i, tok in enumerate(toks):
-        for sp in spellings:
-            if tok == sp and i + 1 < len(toks):
-                value = toks[i + 1]
-            elif tok.startswith(sp + "="):
-                value = tok.split("=", 1)[1]
-    return value
-
-
-def _has_hydra(passthrough: Sequence[str], key: str) -> bool:
-    return any(re.match(rf"^(\+\+|\+)?{re.escape(key)}=", t) for t in passthrough)
+def _has_hydra(hargv, key: str) -> bool:
+    return any(o.key == key and o.op != "~" for o in hargv.overrides)
 
 
 def _positive_int(text: str, field_name: str) -> int:
@@ -434,7 +422,9 @@ def build_sweep(repo: Optional[str], settings: Sequence[RecomputeSetting], passt
 
     det = bridge.detect(repo_path, release)
     facts = det.release or bridge.RELEASES["main"]
-    hydra_only = "--use_recipes" in passthrough
+    # the passthrough read once, as the release's rank reads it (argparse, then Hydra)
+    hargv = HarnessArgv.parse(passthrough, facts.key)
+    hydra_only = hargv.use_recipes
     if launcher == "slurm":
         entry = SETUP_EXPERIMENT
     else:
@@ -459,9 +449,9 @@ def build_sweep(repo: Optional[str], settings: Sequence[RecomputeSetting], passt
 
     extra = []
     for key, value, opt in (("gbs", gbs, "--gbs"), ("seq", seq, "--seq")):
-        spellings, flag = _PINNED[key]
-        given = flag_value(passthrough, spellings)
-        hydra_gbs = key == "gbs" and _has_hydra(passthrough, "train.global_batch_size")
+        name, flag = _PINNED[key]
+        given = hargv.value(name)
+        hydra_gbs = key == "gbs" and _has_hydra(hargv, "train.global_batch_size")
         if value is not None:
             if given is not None or hydra_gbs:
                 raise Rejected(opt, f"also given as {flag} in the harness arguments; give it once")
@@ -475,14 +465,14 @@ def build_sweep(repo: Optional[str], settings: Sequence[RecomputeSetting], passt
             if given is not None:
                 _positive_int(given, flag)
 
-    ng_text = flag_value(passthrough, _NUM_GPUS)
+    ng_text = hargv.value(_NUM_GPUS)
     if ng_text is None:
         raise Rejected("-ng", "the harness arguments lack -ng/--num_gpus (Bridge requires it, "
                               "argument_parser.py:222-228)")
     num_gpus = _positive_int(ng_text, "-ng")
-    seq_pinned = seq if seq is not None else flag_value(passthrough, _PINNED["seq"][0])
+    seq_pinned = seq if seq is not None else hargv.value(_PINNED["seq"][0])
     if (not facts.seq_length_sets_model and not hydra_only and seq_pinned is not None
-            and not _has_hydra(passthrough, "model.seq_length")):
+            and not _has_hydra(hargv, "model.seq_length")):
         extra.append(f"model.seq_length={int(seq_pinned)}")
         sweep.notes.append(facts.seq_length_why)
 
@@ -496,9 +486,9 @@ def build_sweep(repo: Optional[str], settings: Sequence[RecomputeSetting], passt
     if hydra_only:
         sweep.notes.append("--use_recipes: recompute flags are ignored on that path (run_recipe.py:45-208), "
                            "so every candidate is written as Hydra overrides")
-        if flag_value(passthrough, ("-ms", "--max_steps")) is None:
+        if hargv.value("--max_steps") is None:
             sweep.notes.append("--use_recipes without -ms fails in run_recipe.py:191 (max_steps is None)")
-    if any(t in ("-d", "--dryrun") for t in passthrough) and not facts.dryrun_validates:
+    if hargv.has_switch("--dryrun") and not facts.dryrun_validates:
         sweep.notes.append(facts.dryrun_why)
     if launcher == "local" and facts.local_env_note:
         sweep.notes.append(facts.local_env_note)
