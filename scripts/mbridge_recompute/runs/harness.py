@@ -50,7 +50,7 @@ import os
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Optional, Sequence
+from typing import Iterable, Optional, Sequence
 
 from mbridge_recompute.errors import InputError, Rejected
 from mbridge_recompute.logs.runlog import CONFIG_DUMP
@@ -332,6 +332,18 @@ def conflicts(passthrough: Sequence[str]) -> list:
                 if _HYDRA_RECOMPUTE.match(tok):
                     found.append((tok, "the sweep sets model.recompute_* per candidate"))
     return found
+
+
+def flag_value(passthrough: Sequence[str], spellings: Iterable[str], release: str = "main") -> Optional[str]:
+    """The value argparse keeps for the flag one of `spellings` names (its last occurrence, in any
+    spelling or abbreviation the release's parser takes), or None (runs/harness_argv.py)."""
+    from mbridge_recompute.runs.harness_argv import _table, canonical
+
+    table, _ = _table(release)
+    names = {canonical(table[sp]) for sp in spellings if sp in table}
+    hargv = HarnessArgv.parse(passthrough, release)
+    hits = [f for f in hargv.flags if f.name in names]
+    return hits[-1].value if hits else None
 
 
 def _has_hydra(hargv, key: str) -> bool:
