@@ -58,4 +58,4 @@ def test_the_task_choices_the_doc_states_are_the_data():
                          ("main", ["pretrain", "sft", "peft"])):
         task = next(e for e in bridge.flags(key) if "--task" in e["flags"])
         assert task["choices"] == choices
-        assert list(bridge.RELEASES[key].task_choices) == choices
+        assert list(bridge.release(key).task_choices) == choices

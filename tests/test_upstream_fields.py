@@ -42,7 +42,7 @@ def test_the_field_lists_are_that_releases(release):
 def test_the_bridge_lists_are_megatron_bridge_0_6_2s():
     spec = bridge_env()
     part = _part(spec["python"], spec["pythonpath"], "--bridge")["bridge"]
-    assert part[upstream_fields.BRIDGE] == upstream_fields.bridge()
+    assert part[upstream_fields.bridge_release()] == upstream_fields.bridge()
 
 
 def test_main_is_read_from_the_source_of_the_cards_main_commit():

@@ -19,6 +19,7 @@ The exit-code and JSON contract is kept here, once, for every tool
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib
 import json
 import re
@@ -190,7 +191,15 @@ def _run(argv: list) -> int:
     args = parser.parse_args(rest)
     if tail is not None:
         setattr(args, tail_dest, tail)
-    with width(None if args.wide else WIDTH):
+    release = contextlib.nullcontext()
+    if hasattr(args, "mcore_version"):
+        # the release is resolved here, once, and the tool runs with it (args.release and
+        # releases.current()); nothing below resolves --mcore-version again
+        from mbridge_recompute.facts import releases
+
+        args.release = releases.target(args.mcore_version)
+        release = releases.using(args.release)
+    with width(None if args.wide else WIDTH), release:
         return module.run(args)
 
 

@@ -86,10 +86,10 @@ class Placement:
 
 def place(w, version: Optional[str] = None) -> Placement:
     """The placement of workload `w`'s decoder layers (its `layer_kinds()`) on megatron-core
-    `version` (default: the installed one, else the newest the card knows)."""
+    `version` (a Release or a version; default: the invocation's release)."""
     from mbridge_recompute.facts import releases
 
-    v = releases.resolve_version(version) if version else releases.target_version()
+    v = releases.resolve_version(version)
     emb = bool(w.extra_model.get("account_for_embedding_in_pipeline_split"))
     loss = bool(w.extra_model.get("account_for_loss_in_pipeline_split"))
     mtp = w.mtp_num_layers or 0

@@ -52,18 +52,17 @@ def add_arguments(parser) -> None:
 
 
 def run(args) -> int:
-    from mbridge_recompute.facts import releases
     from mbridge_recompute.rules import check_workload
 
     if args.run_config and not args.run:
         raise InputError("--run-config", "needs --run")
-    release = releases.target(args.mcore_version)
+    release = args.release
     effective = None
     parsed = None
     if args.run:
         workload, effective, parsed = _run_workload(args, release)
     else:
-        workload = load_from_args(args, release.requested, default=True)
+        workload = load_from_args(args, release, default=True)
     report = {"ok": True, "findings": []}
     if workload is not None:
         import contextlib
@@ -72,8 +71,7 @@ def run(args) -> int:
         # stdout holds the report alone: what megatron-core or Bridge print while the live
         # validator imports and builds them (Bridge logs INFO lines to stdout) goes to stderr
         with contextlib.redirect_stdout(sys.stderr):
-            report = check_workload(workload, validator=args.validator,
-                                    version=release if args.mcore_version else None)
+            report = check_workload(workload, validator=args.validator, version=release)
         report["findings"] += _input_findings(workload, report)
         report["input"] = {"defaults_source": workload.defaults_source,
                            "not_modelled": list(workload.not_modelled)}
@@ -103,9 +101,9 @@ def _run_workload(args, release):
     setting, dump, parsed = eff.read(args.run, args.run_config, watch=diagnose.LineScan())
     workload = None
     if has_workload(args):
-        workload = load_from_args(args, release.requested)
+        workload = load_from_args(args, release)
     elif isinstance(dump, dict) and isinstance(dump.get("model"), dict) and "num_layers" in dump["model"]:
-        workload = load_workload(setting.ran_from, args.sets, mcore_version=release.requested, document=dump)
+        workload = load_workload(setting.ran_from, args.sets, mcore_version=release, document=dump)
     if workload is not None and setting.ran is not None:
         ran = setting.ran
         mods = ran.get("recompute_modules")
@@ -124,7 +122,10 @@ def _finding(fid: str, severity: str, message: str, fix: str, citation: str, kin
 
 def _input_findings(w, report: dict) -> list:
     out = []
-    key = report.get("facts") or "0.19"
+    from mbridge_recompute.facts import releases
+    from mbridge_recompute.inputs import fields
+
+    key = report["facts"]
     later = _fields_of_other_releases(w, key)
     if later:
         out.append(_finding(
@@ -132,7 +133,8 @@ def _input_findings(w, report: dict) -> list:
             f"the input has TransformerConfig fields megatron-core {key} does not have "
             f"({', '.join(later[:6])}{', ...' if len(later) > 6 else ''}): it was written for another "
             "release",
-            "pass --mcore-version for the release the job runs (a megatron-bridge 0.6.2 dump: 0.19)",
+            "pass --mcore-version for the release the job runs (a megatron-bridge "
+            f"{fields.bridge_release()} dump: {releases.bridge_pin_facts(fields.bridge_release())})",
             "data/upstream_fields.json", "input"))
     if w.not_modelled:
         out.append(_finding(

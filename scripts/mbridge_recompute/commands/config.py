@@ -85,7 +85,7 @@ def add_arguments(parser) -> None:
 
 
 # ---------------------------------------------------------------- options -> setting
-def parse_modules(text: str, version: str) -> tuple:
+def parse_modules(text: str, version) -> tuple:
     """'a,b' / '[a,b]' / '[]' -> labels, each known to megatron-core `version`."""
     from mbridge_recompute.facts import releases
 
@@ -108,7 +108,7 @@ def parse_modules(text: str, version: str) -> tuple:
     return tuple(mods)
 
 
-def setting_from_args(args, version: str):
+def setting_from_args(args, version):
     """The RecomputeSetting the options describe, or InputError naming the option at fault."""
     from mbridge_recompute.setting import RecomputeSetting
 
@@ -204,7 +204,7 @@ def _has_workload(args) -> bool:
     return has_workload(args)
 
 
-def check_setting(setting, args, version: str) -> dict:
+def check_setting(setting, args, version) -> dict:
     """Put the setting into the workload as the snippet writes it, and check it."""
     from mbridge_recompute.rules import check_workload
     from mbridge_recompute.write.snippets import written_fields
@@ -246,13 +246,11 @@ def _refusal_text(setting, check: dict) -> str:
 
 
 def run(args) -> int:
-    from mbridge_recompute.facts import releases
     from mbridge_recompute.output import emit
     from mbridge_recompute.write import snippets
 
-    release = releases.target(args.mcore_version)
-    version = release.requested
-    setting = setting_from_args(args, version)
+    release = args.release
+    setting = setting_from_args(args, release)
     out_path = _output_path(args)
     fields = snippets.written_fields(setting)
     wanted = None
@@ -263,7 +261,7 @@ def run(args) -> int:
             raise InputError("--format", f"{exc.fmt} cannot express {setting.describe()}: "
                              f"{exc.reason}") from None
 
-    check = check_setting(setting, args, version)
+    check = check_setting(setting, args, release)
     report: dict = {"ok": check["ok"], "setting": fields, "name": setting.slug(),
                     "description": setting.describe(), "check": check}
     if not check["ok"]:

@@ -37,7 +37,7 @@ label, a malformed option)."""
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    from mbridge_recompute.runs.bridge import KEYS as bridge_keys
+    from mbridge_recompute.runs.bridge import keys as bridge_keys
 
     p.add_argument("--repo", help="Megatron-Bridge checkout (the runs start from its root); a dry run "
                                   "without it prints the argv and says what it could not check")
@@ -48,7 +48,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                           "without them, its frontier and recommendation)")
     p.add_argument("--no-control", action="store_true",
                    help="do not add the '[]' control run (it is added to --candidates and --from-plan)")
-    p.add_argument("--bridge-release", choices=bridge_keys,
+    p.add_argument("--bridge-release", choices=bridge_keys(),
                    help="the Bridge release to build for (default: read from the checkout)")
     p.add_argument("--launcher", choices=["local", "slurm"], default="local",
                    help="local: torchrun on this node (default); slurm: Bridge's setup_experiment.py")

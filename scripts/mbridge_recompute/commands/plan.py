@@ -85,10 +85,8 @@ def run(args) -> int:
         raise InputError("--top", f"must be >= 1, got {args.top}")
     if args.plot:
         files.check_target(Path(args.plot), args.force, "--plot", (".png", ".svg", ".pdf"))
-    from mbridge_recompute.facts import releases
-
-    release = releases.target(args.mcore_version)
-    w = load_from_args(args, release.requested, default=True)
+    release = args.release
+    w = load_from_args(args, release, default=True)
     if args.measured_iteration is not None and (args.measured_iteration < 1
                                                 or args.measured_peak_gb is None):
         raise InputError("--measured-iteration", "must be >= 1 and goes with --measured-peak-gb")
@@ -345,7 +343,7 @@ def _plot(r, path: Path, force: bool = False) -> str:
     allowed = [c for c in r.candidates if c.allowed]
     dom = [c for c in allowed if c.dominated_by is not None]
     front = sorted(r.frontier, key=lambda c: c.cost_pct)
-    ax.scatter([c.cost_pct for c in dom], [c.peak_bytes / GB for c in dom], s=12, c="0.7",
+    ax.scatter([c.cost_pct for c in dom], [c.peak_bytes / GB for c in dom], s=12, c="#b3b3b3",
                label="dominated")
     ax.plot([c.cost_pct for c in front], [c.peak_bytes / GB for c in front], "-", c="C0", lw=1,
             label="frontier")

@@ -34,11 +34,11 @@ an interrupt); 2 unreadable input (no such checkout, an unknown suite, a malform
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    from mbridge_recompute.runs.bridge import KEYS as bridge_keys
+    from mbridge_recompute.runs.bridge import keys as bridge_keys
 
     p.add_argument("--repo", required=True, help="checkout to test")
     p.add_argument("--suite", help="built-in selection (default: the first listed for the checkout kind)")
-    p.add_argument("--bridge-release", choices=bridge_keys,
+    p.add_argument("--bridge-release", choices=bridge_keys(),
                    help="the Bridge release whose tests to run (default: read from the checkout)")
     p.add_argument("-k", dest="keyword", metavar="EXPR", help="narrow further with a pytest -k expression")
     p.add_argument("--runner", choices=["auto", "uv", "python"], default="auto",

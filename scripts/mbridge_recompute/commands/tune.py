@@ -181,8 +181,8 @@ def run(args) -> int:
     if not has_workload(args):
         raise InputError("WORKLOAD", "give the workload to tune (a workload file, --model, --hf-config, "
                                      "--recipe or --set)")
-    release = releases.target(args.mcore_version)
-    w = load_from_args(args, release.requested, default=False)
+    release = args.release             # resolved once, by the command line (cli._run)
+    w = load_from_args(args, release, default=False)
     if not args.passthrough:
         raise Rejected("harness arguments", "give the Bridge harness arguments after '--' (e.g. -- -m llama "
                                             "-mr llama3_8b -g h100 -ng 8 -gb 128 -sl 8192)")

@@ -18,8 +18,8 @@ from typing import Any, Callable
 
 TOP_LEVEL = {
     "schema_version": "int", "name": "str", "title": "str", "releases": "map", "bridge_pins": "list",
-    "abbreviations": "map", "enums": "map", "gpus": "map", "precision_recipes": "map",
-    "labels": "list", "constraints": "list",
+    "bridge_releases": "map", "bridge_tests": "map", "abbreviations": "map", "enums": "map",
+    "gpus": "map", "precision_recipes": "map", "labels": "list", "constraints": "list",
     "evidence": "list", "limitations": "list",
 }
 EXCEPTIONS = {"ValueError", "AssertionError", "TypeError", "NotImplementedError", "KeyError",
@@ -189,6 +189,8 @@ def validate(card: Any) -> list[str]:
             release_range(row.get("releases"), f"{ep}.releases")
             c.field(row, "values", "strlist", ep)
             c.field(row, "source", "str", ep)
+            if "raised_at" in row:       # where a value outside the list is refused, per release
+                location(row["raised_at"], f"{ep}.raised_at")
 
     for name, rows in (card.get("enums") or {}).items():
         enum(name, rows)
@@ -225,6 +227,23 @@ def validate(card: Any) -> list[str]:
         if c.field(e, "constraints", "strlist", p):
             for cid in set(e["constraints"]) - constraint_ids:
                 c.bad(f"{p}.constraints", f"{cid!r} is not a constraint id")
+    tests = card.get("bridge_tests") if isinstance(card.get("bridge_tests"), dict) else {}
+    for key, b in (card.get("bridge_releases") or {}).items():
+        bp = f"bridge_releases.{key}"
+        if not isinstance(b, dict):
+            c.bad(bp, "expected a mapping")
+            continue
+        for name in ("read_at", "package_info", "local_entry", "local_entry_recipes", "seq_length_why",
+                     "dryrun_why", "core_why"):
+            c.field(b, name, "str", bp)
+        c.field(b, "local_env_note", "text", bp)
+        for name in ("seq_length_sets_model", "dryrun_validates"):
+            c.field(b, name, "bool", bp)
+        for name in ("task_choices", "core_tests"):
+            c.field(b, name, "strlist", bp)
+        for name in b.get("core_tests") or []:
+            if name not in tests:
+                c.bad(f"{bp}.core_tests", f"{name!r} is not one of bridge_tests")
 
     def evidence(e: dict, p: str) -> None:
         for key in ("id", "title", "source", "reading", "control"):

@@ -7,13 +7,20 @@ one of those keys or is refused with the known ones listed.
 
 The default is the installed megatron-core, read from its package metadata without importing it
 (importing megatron pulls torch), else the newest release the card covers.
+
+A tool resolves the release once, at its edge (`cli._run`: `--mcore-version`, else the default),
+into one `Release`, and passes that object on; it is also the invocation's `current()` release,
+which code that is handed no release uses. Every function here that takes a version takes a
+`Release` too, so passing the object never resolves it again.
 """
 
 from __future__ import annotations
 
+import contextlib
+from contextvars import ContextVar
 from dataclasses import dataclass
 from functools import lru_cache
-from typing import Optional
+from typing import Optional, Union
 
 from mbridge_recompute.facts import card
 
@@ -24,6 +31,7 @@ class Release:
     key: str                   # "0.16" ... "0.19", "main"
     requested: str             # the version or commit that led here ("0.19.2", "cd4afff", "main")
     how: str                   # one sentence: where the version came from
+    asked: bool = False        # named by the user or an input (not the installed / newest default)
 
     @property
     def name(self) -> str:
@@ -34,6 +42,50 @@ class Release:
 
     def to_dict(self) -> dict:
         return {"key": self.key, "requested": self.requested, "how": self.how}
+
+    def __str__(self) -> str:
+        return self.key
+
+    @property
+    def meta(self) -> dict:
+        """The card's `releases:` entry of this release (tag, commit, patches, ...)."""
+        return meta(self.key)
+
+    def labels(self) -> list[str]:
+        return labels_for(self)
+
+    def enum(self, name: str) -> list[str]:
+        return enum(name, self)
+
+
+ReleaseLike = Union[Release, str]  # a Release, or what a user or a file names (resolved here)
+_CURRENT: ContextVar[Optional[Release]] = ContextVar("mbridge_recompute_release", default=None)
+
+
+@contextlib.contextmanager
+def using(release: Release):
+    """Make `release` the invocation's release (`current()`) inside the block."""
+    token = _CURRENT.set(release)
+    try:
+        yield release
+    finally:
+        _CURRENT.reset(token)
+
+
+def current() -> Release:
+    """The release of this invocation: the one its edge resolved (`using`), else the default
+    (`target()`: the installed megatron-core, else the newest the card covers)."""
+    return _CURRENT.get() or target()
+
+
+def resolve(version: Optional[ReleaseLike] = None, field: str = "--mcore-version") -> Release:
+    """`version` as a Release: a Release as it is, a string resolved (InputError naming `field`
+    when the card has no facts for it), None the invocation's release."""
+    if isinstance(version, Release):
+        return version
+    if version is None:
+        return current()
+    return target(version, field)
 
 
 def keys() -> list[str]:
@@ -75,15 +127,21 @@ def _refuse(text: str, field: str, why: str):
     raise InputError(field, f"{why}: {text!r}; known: {_known_text()}")
 
 
-def resolve_version(text: Optional[str], field: str = "--mcore-version") -> str:
-    """The card key for a version string, a card key, or a pinned commit (InputError otherwise).
+def resolve_version(text: Optional[ReleaseLike], field: str = "--mcore-version") -> str:
+    """The card key for a Release, a version string, a card key, or a pinned commit (InputError
+    otherwise); None is the invocation's release.
 
     A patch maps to its minor release ("0.19.2" -> "0.19"); the version Megatron-LM main gives
     itself (the card's `package_version` of main, "0.20.0", and its pre-releases) maps to "main".
     """
+    if isinstance(text, Release):
+        return text.key
     if text is None:
-        return target_version()
-    text = str(text).strip()
+        return current().key
+    return _key_of(str(text).strip(), field)
+
+
+def _key_of(text: str, field: str) -> str:
     if text in keys():
         return text
     # a commit names its facts from 7 hex digits on: Bridge's pinned Megatron-LM commits, and main's
@@ -110,7 +168,8 @@ def resolve_version(text: Optional[str], field: str = "--mcore-version") -> str:
 def target(requested: Optional[str] = None, field: str = "--mcore-version") -> Release:
     """The release to reason about, and how it was chosen."""
     if requested is not None:
-        return Release(resolve_version(requested, field), str(requested).strip(), f"{field} {requested}")
+        return Release(resolve_version(requested, field), str(requested).strip(), f"{field} {requested}",
+                       asked=True)
     installed = installed_mcore_version()
     if installed is not None:
         try:
@@ -128,8 +187,16 @@ def target(requested: Optional[str] = None, field: str = "--mcore-version") -> R
                    f"{meta(newest)['newest']}")
 
 
+def bridge_pin_facts(bridge: str) -> Optional[str]:
+    """The megatron-core release whose facts a Megatron Bridge release runs with (card
+    `bridge_pins:`), or None when the card does not say."""
+    pin = next((p for p in card.load().get("bridge_pins") or [] if p.get("bridge") == bridge), None)
+    return pin["facts"] if pin else None
+
+
 def target_version() -> str:
-    return target().key
+    """The card key of the invocation's release."""
+    return current().key
 
 
 def in_range(key: str, spec: str) -> bool:
@@ -140,27 +207,37 @@ def in_range(key: str, spec: str) -> bool:
     return order.index(lo) <= order.index(key) <= order.index(hi)
 
 
-def labels_for(version: str) -> list[str]:
+def labels_for(version: Optional[ReleaseLike]) -> list[str]:
     key = resolve_version(version)
     return [e["label"] for e in card.load()["labels"] if in_range(key, e["releases"])]
 
 
-def enum(name: str, version: str) -> list[str]:
+def enum(name: str, version: Optional[ReleaseLike]) -> list[str]:
     """The values release `version` accepts for `name` (card `enums:`); [] when it has no such field."""
+    row = enum_row(name, version)
+    return list(row["values"]) if row else []
+
+
+def enum_row(name: str, version: Optional[ReleaseLike]) -> Optional[dict]:
+    """The card `enums:` row of `name` that holds for release `version` (values, source, and
+    `raised_at` where the card says where another value is refused), or None."""
     key = resolve_version(version)
-    for row in card.load()["enums"][name]:
-        if in_range(key, row["releases"]):
-            return list(row["values"])
-    return []
+    return next((row for row in card.load()["enums"][name] if in_range(key, row["releases"])), None)
 
 
-def require_known(mods, version: str, field: str) -> None:
+def enum_union(name: str) -> frozenset:
+    """Every value some release accepts for `name`."""
+    return frozenset(v for row in card.load()["enums"][name] for v in row["values"])
+
+
+def require_known(mods, version: Optional[ReleaseLike], field: str) -> None:
     """InputError naming `field` for the first label megatron-core `version` does not know."""
     allowed = labels_for(version)
     unknown = [m for m in mods if m not in allowed]
     if unknown:
         from mbridge_recompute.errors import InputError
 
-        named = Release(resolve_version(version), str(version), "").name
+        named = version.name if isinstance(version, Release) else \
+            Release(resolve_version(version), str(version), "").name
         raise InputError(field, f"unknown label {unknown[0]!r} for megatron-core "
                                 f"{named}; valid: {', '.join(allowed)}")

@@ -55,9 +55,9 @@ def _mixed_precision(value, where: str) -> Optional[dict]:
         fields = upstream_fields.mixed_precision_recipe(value)
         if fields is None:
             known = sorted(upstream_fields.bridge()["mixed_precision_recipes"])
-            raise InputError(f"{where}mixed_precision", f"unknown mixed-precision recipe {value!r} "
-                                                       f"(megatron-bridge {upstream_fields.BRIDGE} knows: "
-                                                       f"{', '.join(known)})")
+            raise InputError(f"{where}mixed_precision",
+                             f"unknown mixed-precision recipe {value!r} (megatron-bridge "
+                             f"{upstream_fields.bridge_release()} knows: {', '.join(known)})")
         return fields
     if not isinstance(value, dict):
         raise InputError(f"{where}mixed_precision", "must be a recipe name or a mapping")

@@ -27,7 +27,6 @@ from mbridge_recompute import DATA_DIR
 from mbridge_recompute.inputs import values
 from mbridge_recompute.workload import FIELD_NAMES, section_fields
 
-BRIDGE = "0.6.2"
 # Model keys of earlier Bridge providers that 0.6.2 no longer has (a dump of an older release
 # still carries them): the older name of the layer pattern, MTP and Mamba-stack switches.
 LEGACY_MODEL_KEYS = frozenset({"hybrid_override_pattern", "mtp_enabled", "mamba_stack_spec", "vp_stage",
@@ -72,8 +71,15 @@ def relevance() -> dict:
     return out
 
 
+def bridge_release() -> str:
+    """The megatron-bridge release whose fields the file holds (a Bridge dump is read as it)."""
+    from packaging.version import Version
+
+    return max(upstream()["bridge"], key=Version)
+
+
 def bridge() -> dict:
-    return upstream()["bridge"][BRIDGE]
+    return upstream()["bridge"][bridge_release()]
 
 
 def mcore_releases() -> list[str]:

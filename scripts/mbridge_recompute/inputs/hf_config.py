@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from mbridge_recompute.errors import InputError
-from mbridge_recompute.inputs.values import ANY_HYBRID_SYMBOL, MAX_INT, short
+from mbridge_recompute.inputs.values import MAX_INT, short
 from mbridge_recompute.workload import FIELDS
 
 # HF key -> MCore field, copied as-is when present.
@@ -138,7 +138,9 @@ def _check_types(data: dict, path: Path) -> None:
     if isinstance(pattern, str):
         if len(pattern) > MAX_LAYERS:
             raise _bad(path, "hybrid_override_pattern", f"has {len(pattern)} layers; at most {MAX_LAYERS}")
-        symbols = ANY_HYBRID_SYMBOL
+        from mbridge_recompute.facts import releases
+
+        symbols = releases.enum_union("hybrid_layer_symbols")
         bad = sorted(set(pattern) - symbols)
         if bad:
             valid = " ".join(sorted(symbols))

@@ -26,7 +26,7 @@ from typing import Any, Iterable, Optional
 
 from mbridge_recompute import DATA_DIR
 from mbridge_recompute.errors import InputError
-from mbridge_recompute.facts import releases
+from mbridge_recompute.facts import card, releases
 from mbridge_recompute.inputs import fields as upstream_fields
 from mbridge_recompute.inputs import values, yamlio
 from mbridge_recompute.workload import FIELD_NAMES, FIELDS, Workload, section_fields
@@ -218,7 +218,7 @@ def _sections_to_fields(data: dict, provider: Optional[str]) -> tuple[dict, dict
 
 
 def load_workload(path: str | None = None, sets: Iterable[str] = (), model: str | None = None,
-                  hf_config: str | None = None, mcore_version: str | None = None,
+                  hf_config: str | None = None, mcore_version: releases.ReleaseLike | None = None,
                   default: bool = False, recipe: str | None = None,
                   mlm_args: Optional[list] = None, document: Optional[dict] = None) -> Workload:
     """Build and validate a Workload. `default=True` starts from the embedded default workload
@@ -277,11 +277,12 @@ def load_workload(path: str | None = None, sets: Iterable[str] = (), model: str 
     fields.update(_hybrid_layers(fields, extra, mcore_version))
     workload = Workload(**fields, extra_model=extra, defaults_source=source,
                         not_modelled=sorted(set(runtime_notes + notes + mlm_notes)))
-    validate(workload, mcore_version or releases.target_version())
+    validate(workload, releases.resolve(mcore_version))
     return workload
 
 
-def load_from_args(args, mcore_version: str | None = None, default: bool = False) -> Workload:
+def load_from_args(args, mcore_version: releases.ReleaseLike | None = None,
+                   default: bool = False) -> Workload:
     """load_workload with the options add_workload_arguments declares."""
     mlm = getattr(args, "mlm_args", None)
     if mlm is not None and not isinstance(mlm, list):
@@ -297,7 +298,7 @@ def has_workload(args) -> bool:
                 or getattr(args, "recipe", None) or getattr(args, "mlm_args", None) is not None)
 
 
-def _hybrid_layers(fields: dict, extra: dict, version: Optional[str]) -> dict:
+def _hybrid_layers(fields: dict, extra: dict, version: Optional[releases.ReleaseLike]) -> dict:
     """Check a hybrid layer pattern against the symbols megatron-core knows, and derive the layer
     count and MTP depth from it (what Bridge's HybridModelProvider does, hybrid_provider.py:196-217
     @ megatron-bridge 0.6.2)."""
@@ -308,17 +309,19 @@ def _hybrid_layers(fields: dict, extra: dict, version: Optional[str]) -> dict:
     where = f"model.{name}"
     if not pattern:
         raise InputError(where, "must not be empty")
-    key = releases.resolve_version(version) if version else releases.target_version()
-    anywhere = values.ANY_HYBRID_SYMBOL
-    allowed = set(values.HYBRID_SYMBOLS.get(key, values.HYBRID_SYMBOLS["main"]))
+    release = releases.resolve(version)
+    anywhere = releases.enum_union("hybrid_layer_symbols")
+    row = releases.enum_row("hybrid_layer_symbols", release)
+    allowed = set(row["values"])
     for ch in pattern:
         if ch not in anywhere:
             raise InputError(where, f"{ch!r} is not a layer symbol of any megatron-core release "
                                     f"(valid: {' '.join(sorted(anywhere))})")
         if ch not in allowed:
-            raised_at = values.HYBRID_SYMBOL_RAISE.get(key, values.HYBRID_SYMBOL_RAISE["0.19"])
-            raise InputError(where, f"{ch!r} is not a layer symbol of megatron-core {key} (valid there: "
-                                    f"{' '.join(sorted(allowed))}; it raises ValueError, {raised_at})")
+            raised_at = card.citation(row["raised_at"], release.key)
+            raise InputError(where, f"{ch!r} is not a layer symbol of megatron-core {release.key} "
+                                    f"(valid there: {' '.join(sorted(allowed))}; it raises "
+                                    f"ValueError, {raised_at})")
     main, _, mtp = pattern.partition("/")
     layers = main.replace("|", "")
     unmodelled = sorted(set(layers) - set(values.MODELLED_SYMBOLS))
@@ -335,7 +338,7 @@ def _hybrid_layers(fields: dict, extra: dict, version: Optional[str]) -> dict:
     return out
 
 
-def validate(w: Workload, version: str) -> None:
+def validate(w: Workload, version: releases.ReleaseLike) -> None:
     """Consistency checks that make a workload meaningless (exit 2), not constraint findings."""
     if w.gpu is not None:
         from mbridge_recompute.facts.gpus import resolve

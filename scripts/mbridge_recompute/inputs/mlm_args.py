@@ -156,9 +156,25 @@ def _definitions() -> dict:
     return json.loads((DATA_DIR / "mlm_arguments.json").read_text(encoding="utf-8"))
 
 
+def _definitions_for(release: str) -> str:
+    """The release whose recorded definitions stand for `release`: its own, else the nearest
+    release that has some, the next newer one first (a wheel without megatron/training has an
+    older Megatron-LM's arguments closest after it; main, none newer, takes the newest)."""
+    from mbridge_recompute.facts import releases
+
+    defs = _definitions()
+    if release in defs:
+        return release
+    order = releases.keys()
+    i = order.index(release)
+    later = [k for k in order[i + 1:] if k in defs]
+    earlier = [k for k in order[:i] if k in defs]
+    return later[0] if later else earlier[-1]
+
+
 def _data_parser(release: str):
     defs = _definitions()
-    key = release if release in defs else ("0.17" if release == "0.16" else "0.19")
+    key = _definitions_for(release)
     parser = _Parser(allow_abbrev=False)
     types = {"int": int, "float": float, "str": str}
     for options, dest, kind, nargs, const, default, tname, choices in defs[key]["actions"]:
@@ -183,7 +199,8 @@ def parse(tokens: list, release: str) -> tuple[argparse.Namespace, str, argparse
     how = "Megatron-LM's parser (megatron.training.arguments, installed)"
     if parser is None:
         parser, version = _data_parser(release)
-        how = f"Megatron-LM {version}'s argument definitions (data/mlm_arguments.json)"
+        own = "" if _definitions_for(release) == release else f"; {release} has none recorded"
+        how = f"Megatron-LM {version}'s argument definitions (data/mlm_arguments.json{own})"
     return parser.parse_args(tokens), how, parser
 
 
@@ -228,7 +245,7 @@ def sections(spec: list, release: Optional[str] = None) -> dict:
     from mbridge_recompute.workload import FIELD_NAMES
 
     tokens = _tokens(spec)
-    key = releases.resolve_version(release) if release else releases.target_version()
+    key = releases.resolve_version(release)
     ns, how, parser = parse(tokens, key)
     a = vars(ns)
     from mbridge_recompute.inputs import fields

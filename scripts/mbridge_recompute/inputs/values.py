@@ -50,22 +50,10 @@ _DTYPE_NAMES = {"float32": "fp32", "fp32": "fp32", "float": "fp32", "bfloat16": 
                 "uint8": "fp8", "fp8": "fp8"}
 DTYPE_FIELDS = tuple(n for n, f in FIELDS.items() if f.metadata.get("kind") == "dtype")
 
-# Layer symbols of a hybrid pattern, by release: 0.16 M * - E (ssm/mamba_hybrid_layer_allocation.py:
-# 25-32 @ core_v0.16.1); 0.17 adds G, the '|' stage separator and the '/' MTP separator
-# (:14-24 @ core_v0.17.1); 0.18 adds D (DSA attention); 0.19 and main add + (MLA)
-# (models/hybrid/hybrid_layer_allocation.py:14-26 @ core_v0.19.0). Each release raises
-# ValueError on any other character (:288-294 @ core_v0.19.0; :83 @ core_v0.16.1).
-# Where each release raises it, for the error line.
-HYBRID_SYMBOL_RAISE = {"0.16": "ssm/mamba_hybrid_layer_allocation.py:83 @ core_v0.16.1",
-                       "0.17": "ssm/mamba_hybrid_layer_allocation.py:283 @ core_v0.17.1",
-                       "0.18": "models/hybrid/hybrid_layer_allocation.py:290 @ core_v0.18.2",
-                       "0.19": "models/hybrid/hybrid_layer_allocation.py:291 @ core_v0.19.2"}
-HYBRID_SYMBOLS = {"0.16": "M*-E", "0.17": "MG*-E|/", "0.18": "MG*D-E|/", "0.19": "MG*D+-E|/",
-                  "main": "MG*D+-E|/"}
+# The layer symbols each release accepts in a hybrid pattern are the card's
+# (enums: hybrid_layer_symbols).
 # Symbols the memory model lays out (workload.HYBRID_KINDS); D and + are not modelled yet.
 MODELLED_SYMBOLS = "".join(HYBRID_KINDS)
-# Any release's symbols, for "not a symbol of any release"
-ANY_HYBRID_SYMBOL = frozenset("".join(HYBRID_SYMBOLS.values()))
 
 
 def _optional(hint) -> tuple[bool, Any]:

@@ -136,9 +136,9 @@ def evaluate_labels(pricer: Pricer, control: Candidate) -> tuple[list, dict]:
     return effects, singles
 
 
-def label_effects(w, version: str | None = None) -> list:
-    """One LabelEffect per recompute label of `version` (default: the installed megatron-core)."""
-    version = releases.resolve_version(version) if version else releases.target_version()
+def label_effects(w, version=None) -> list:
+    """One LabelEffect per recompute label of `version` (default: the invocation's release)."""
+    version = releases.resolve(version)
     pricer = Pricer(w, version)
     control = pricer.price(RecomputeSetting.selective())
     return evaluate_labels(pricer, control)[0]

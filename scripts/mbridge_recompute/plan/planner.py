@@ -122,8 +122,8 @@ def plan(w, budget_gb: Optional[float] = None, measured_peak_gb: Optional[float]
     from mbridge_recompute import memory
     from mbridge_recompute.facts import releases
 
-    release = version if isinstance(version, releases.Release) else releases.target(version)
-    version = release.key
+    release = releases.resolve(version)
+    version = release              # resolved once: every step below is handed the Release
     budget, budget_text = budget_statement(w, budget_gb)
     if rank is not None and not 0 <= rank < w.pipeline_model_parallel_size:
         raise InputError("--rank", f"must be a pipeline rank from 0 to "

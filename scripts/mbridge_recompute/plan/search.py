@@ -35,7 +35,7 @@ def full_settings(w, version: Optional[str] = None) -> list[RecomputeSetting]:
     g = 0
     for c in chunks:
         g = math.gcd(g, c)
-    key = releases.resolve_version(version) if version else releases.target_version()
+    key = releases.resolve_version(version)
     if card.holds("uniform-num-layers-not-dividing-chunk", key):
         # this release raises IndexError when the group runs past the chunk
         uniform = [RecomputeSetting.full("uniform", n) for n in range(1, g + 1) if g % n == 0]

@@ -45,24 +45,24 @@ def check_workload(w, validator: str = "builtin", version=None,
         from mbridge_recompute.errors import InputError
 
         raise InputError("--validator", f"must be one of {', '.join(VALIDATORS)}, got {validator!r}")
-    release = version if isinstance(version, releases.Release) else releases.target(version)
+    release = releases.resolve(version)
     if validator == "auto":
         installed = releases.installed_mcore_version()
-        same = installed is not None and (
-            version is None or release.key == releases.resolve_version(installed, "installed megatron-core"))
+        same = installed is not None and (not release.asked or release.key == releases.resolve_version(
+            installed, "installed megatron-core"))
         # live answers only for the installed release; another target release gets the table
         validator = "live" if same else "builtin"
     if validator == "live":
         from mbridge_recompute.rules import live
 
         installed = releases.installed_mcore_version()
-        report = live.check(w, version=None if version is None else release.key, te_version=te_version)
+        report = live.check(w, version=release.key if release.asked else None, te_version=te_version)
         release = releases.Release(report["version"], installed,
                                    f"the installed megatron-core {installed} (its TransformerConfig decided)")
     else:
         from mbridge_recompute.rules import builtin
 
-        report = builtin.check(w, version=release.key, te_version=te_version)
+        report = builtin.check(w, version=release, te_version=te_version)
     report.update(version=release.requested, facts=release.key, release=release.to_dict())
     return report
 

@@ -79,9 +79,9 @@ def rule_ids() -> set[str]:
 class State:
     """The workload as `__post_init__` of release `version` sees it, plus derived facts the rules share."""
 
-    def __init__(self, w, version: str, te_version: Optional[str], assume_te_absent: bool):
+    def __init__(self, w, release: releases.Release, te_version: Optional[str], assume_te_absent: bool):
         self.w = w
-        self.version = version
+        self.version = release.key          # the card key the rules look facts up by
         self.assume_te_absent = assume_te_absent
         te = te_version if te_version is not None else w.te_version
         self.te_raw = te
@@ -89,9 +89,9 @@ class State:
         self.te = None if self.te_absent or te is None else _parse_version(str(te))
         self.after_override = False
         self.extra = dict(w.extra_model or {})
-        self.has_modules_field = bool(releases.enum("cuda_graph_modules", version))
+        self.has_modules_field = bool(releases.enum("cuda_graph_modules", release))
         self.impl, self.scopes, self.migrated_full_iteration = _capture(w, self.has_modules_field)
-        self.placement = place(w, version)
+        self.placement = place(w, release)
         # a layout with several virtual stages per rank sets virtual_pipeline_model_parallel_size
         # before the later checks read it (tc:1339-1352 @ core_v0.16.1)
         self.vpp = w.virtual_pipeline_model_parallel_size
@@ -1300,11 +1300,12 @@ class Evaluation:
 OVERRIDE_AFTER = "moe-layer-recompute-with-full"
 
 
-def evaluate(w, version: Optional[str] = None, te_version: Optional[str] = None,
+def evaluate(w, version: Optional[releases.ReleaseLike] = None, te_version: Optional[str] = None,
              assume_te_absent: bool = False) -> Evaluation:
     """Every rule the card holds for release `version`, config rules in that release's order."""
-    version = releases.resolve_version(version)
-    s = State(w, version, te_version, assume_te_absent)
+    release = releases.resolve(version)
+    version = release.key
+    s = State(w, release, te_version, assume_te_absent)
     ev = Evaluation(version)
     applicable = [r for r in RULES if card.holds(r.id, version)]
     config_rules = sorted((r for r in applicable if card.constraint(r.id)["kind"] == "config"),
@@ -1340,7 +1341,7 @@ def _finding_of(cid: str, version: str, hit: Hit) -> dict:
     return f
 
 
-def check(w, version: Optional[str] = None, te_version: Optional[str] = None,
+def check(w, version: Optional[releases.ReleaseLike] = None, te_version: Optional[str] = None,
           assume_te_absent: bool = False) -> dict:
     ev = evaluate(w, version, te_version, assume_te_absent)
     return report(ev.findings, "builtin", ev.version)

@@ -1,17 +1,11 @@
-"""Megatron Bridge releases, as the harness and the test runner need them: facts as data.
+"""Megatron Bridge releases, as the harness and the test runner need them; the facts are the
+card's (`bridge_releases:`, `bridge_tests:`), this module turns them into types.
 
-Bridge's performance harness (`scripts/performance/`) comes in two generations, and the
-recompute tests differ per release:
-
-* **0.5** (v0.5.0, v0.5.1; their harness files are byte-identical): no `bootstrap.py`; the rank
-  script is `run_script.py` (flat perf recipes) or `run_recipe.py` (`--use_recipes`), which
-  `setup_experiment.py` also picks itself (`setup_experiment.py:63-64,510-540 @ v0.5.1`);
-  `-sl` sets only the dataset's length, so the `model.seq_length == dataset.seq_length` check
-  fails whenever it differs from the recipe; `-d` writes the config without validating it.
-* **0.6** (v0.6.0; the 0.6.2 wheel ships no `scripts/`, so its harness is v0.6.0's) and
-  **main** (067f987): `bootstrap.py` installs the recipe's environment and execs the rank
-  script (`bootstrap.py:29-69 @ v0.6.0`); `-sl` sets `model.seq_length`; `-d` validates.
-  The two differ in the recompute tests they hold, not in the harness.
+Bridge's performance harness (`scripts/performance/`) comes in two generations, told apart by
+the rank entry each release names: `run_script.py` (the 0.5 releases; `-sl` sets only the
+dataset's length, `-d` writes the config without validating it) and `bootstrap.py` (0.6 and
+main: it installs the recipe's environment and execs the rank script). Releases of one
+generation differ in the recompute tests they hold, not in the harness.
 
 At every release Hydra overrides are applied before the argparse flags on the flat path, so a
 `-rl N` (full/block/N) can never be undone by `model.recompute_*=null` in the same run: the fix
@@ -20,8 +14,8 @@ the *recipe* carries).
 
 `detect` reads the checkout without importing or writing anything in it: the version in
 `src/megatron/bridge/package_info.py` (as text), which alone is misleading (the v0.6.0 tag says
-0.6.1, main says 0.7.0), checked against the layout: `bootstrap.py` (>= 0.6), the 0.5
-`scripts/performance/configs/`, the `--task` choices (`lora` at 0.5, `peft` from 0.6).
+0.6.1, main says 0.7.0), checked against the layout: `bootstrap.py`, the old
+`scripts/performance/configs/`, the `--task` choices of each generation.
 
 The harness flags of each release (spellings, arity, choices, lines) are data in
 `data/bridge_harness_flags.json`; `check_passthrough` judges a harness argv against them.
@@ -46,18 +40,6 @@ RUN_RECIPE = f"{PERF}/run_recipe.py"
 SETUP_EXPERIMENT = f"{PERF}/setup_experiment.py"
 ARGUMENT_PARSER = f"{PERF}/argument_parser.py"
 PACKAGE_INFO = "src/megatron/bridge/package_info.py"
-KEYS = ("0.5", "0.6", "main")
-
-_UT = "tests/unit_tests"
-_COMM = (f"{_UT}/training/test_comm_overlap.py::TestMegatronCommOverlapConfig::"
-         "test_moe_ep_overlap_rejects_moe_in_recompute_modules")
-_THEORY = f"{_UT}/training/utils/test_theoretical_memory_utils.py"
-_PEFT = f"{_UT}/peft/test_recompute.py"
-_R050 = f"{_UT}/recipes/test_r050_perf_recipe_ports.py"
-_QWEN = (f"{_UT}/scripts/performance/test_qwen35_vl_workload_base_configs.py::"
-         "test_qwen35_vl_35b_h100_measured_performance_defaults")
-_PRECEDENCE = f"{_UT}/recipes/test_override_precedence.py"
-_QWEN3_BLOCK = f"{_UT}/models/qwen_vl/modelling_qwen3_vl/test_transformer_block.py"
 _CORE_NEEDS = "torch + megatron-core (tests/unit_tests/conftest.py imports both); CPU"
 
 
@@ -71,22 +53,9 @@ class Suite:
     why: str = ""             # why it is this selection at this release
 
 
-def _bridge_suites(core: tuple, core_why: str) -> dict:
-    return {
-        "core": Suite("core", core, None, _CORE_NEEDS, core_why),
-        # argparse > Hydra > recipe for recompute: TestRecipeDefault, TestRecomputePrecedence A-E,
-        # TestFullChainSanity (test_override_precedence.py, added with the precedence fix, #3518)
-        "precedence": Suite("precedence", (_PRECEDENCE,), "recompute or FullChain",
-                            "nemo_run (the test imports the harness's argument_parser) and the "
-                            "DeepSeek-V3 HF config reachable or cached"),
-        # full recompute forward/backward through a TE layer spec (test_checkpointed_forward)
-        "gpu": Suite("gpu", (_QWEN3_BLOCK,), "checkpointed", "Transformer Engine; a GPU preferred"),
-    }
-
-
 @dataclass(frozen=True)
 class Release:
-    """What one Bridge release's harness and tests are, for the tools."""
+    """What one Bridge release's harness and tests are, for the tools (card `bridge_releases:`)."""
     key: str
     local_entry: str                   # what torchrun starts on each rank (flat path)
     local_entry_recipes: str           # ... with --use_recipes
@@ -96,58 +65,61 @@ class Release:
     dryrun_why: str
     task_choices: tuple
     local_env_note: str                # what a local torchrun launch lacks, if anything
+    package_info: str = ""             # MAJOR.MINOR that package_info.py says at this release
     suites: dict = field(default_factory=dict)
 
 
-def _bootstrap_release(key: str, tag: str, suites: dict) -> "Release":
-    """A release whose harness starts through bootstrap.py, which installs the recipe's environment
-    and execs run_script.py or run_recipe.py (bootstrap.py:29-69 @ `tag`); its facts read at `tag`."""
-    return Release(
-        key=key,
-        local_entry=BOOTSTRAP, local_entry_recipes=BOOTSTRAP,
-        seq_length_sets_model=True,
-        seq_length_why=f"-sl sets model.seq_length (overrides.py:514-515 @ {tag})",
-        dryrun_validates=True,
-        dryrun_why=("-d runs runtime_config_update before writing the config "
-                    f"(run_script.py:153-164 @ {tag})"),
-        task_choices=("pretrain", "sft", "peft"), local_env_note="", suites=suites)
+def _card() -> dict:
+    from mbridge_recompute.facts import card
+
+    return card.load()
 
 
-# Facts read at v0.5.1 (0.5), v0.6.0 (0.6: the 0.6.2 wheel's library, whose harness is v0.6.0's)
-# and 067f987 (main). On every release the harness applies its argparse flags after the Hydra
-# overrides (run_script.py:76-79, overrides.py:174-177 @ 067f987; :86-87, :150-153 @ v0.5.1).
-RELEASES = {
-    "0.5": Release(
-        key="0.5",
-        local_entry=RUN_SCRIPT, local_entry_recipes=RUN_RECIPE,
-        seq_length_sets_model=False,
-        seq_length_why=("-sl sets only the mock/squad dataset length at 0.5 (overrides.py:382,417,431 @ "
-                        "v0.5.1), and training asserts model.seq_length == dataset.seq_length "
-                        "(src/megatron/bridge/training/config.py:1376 @ v0.5.1): the sweep also pins "
-                        "model.seq_length through Hydra"),
-        dryrun_validates=False,
-        dryrun_why=("-d at 0.5 writes the config before runtime_config_update, so nothing is validated "
-                    "(run_script.py:105-111 @ v0.5.1): a -d run that succeeds proves nothing about "
-                    "recompute"),
-        task_choices=("pretrain", "sft", "lora"),
-        local_env_note=("at 0.5 the perf environment variables (CUDA_DEVICE_MAX_CONNECTIONS, NVTE_*, ...) "
-                        "are set by setup_experiment.py's PerfEnvPlugin on Slurm only "
-                        "(perf_plugins.py:203-590 @ v0.5.1): a local torchrun run lacks them unless "
-                        "exported (--env)"),
-        suites=_bridge_suites(
-            (_THEORY, _PEFT),
-            "the comm-overlap recompute test was added after 0.5 (890cee39b) and "
-            "test_r050_perf_recipe_ports.py / the Qwen3.5-VL test do not exist at 0.5"),
-    ),
-    "0.6": _bootstrap_release(
-        "0.6", "v0.6.0",
-        _bridge_suites((_COMM, _THEORY, _PEFT, _R050),
-                       "the Qwen3.5-VL workload test exists at v0.6.0 but asserts nothing about "
-                       "recompute (its recompute assertions came later, a7f4ad56b)")),
-    "main": _bootstrap_release(
-        "main", "067f987",
-        _bridge_suites((_COMM, _THEORY, _PEFT, _R050, _QWEN), "every recompute test of the release")),
-}
+def _suites(entry: dict) -> dict:
+    tests = _card()["bridge_tests"]
+    return {
+        "core": Suite("core", tuple(tests[t] for t in entry["core_tests"]), None, _CORE_NEEDS,
+                      entry["core_why"]),
+        # argparse > Hydra > recipe for recompute: TestRecipeDefault, TestRecomputePrecedence A-E,
+        # TestFullChainSanity (test_override_precedence.py, added with the precedence fix, #3518)
+        "precedence": Suite("precedence", (tests["override_precedence"],), "recompute or FullChain",
+                            "nemo_run (the test imports the harness's argument_parser) and the "
+                            "DeepSeek-V3 HF config reachable or cached"),
+        # full recompute forward/backward through a TE layer spec (test_checkpointed_forward)
+        "gpu": Suite("gpu", (tests["qwen3_vl_transformer_block"],), "checkpointed",
+                     "Transformer Engine; a GPU preferred"),
+    }
+
+
+@lru_cache(maxsize=1)
+def releases() -> dict:
+    """{key: Release} for every Bridge release the card covers, oldest first."""
+    out = {}
+    for key, e in _card()["bridge_releases"].items():
+        out[key] = Release(
+            key=key, local_entry=e["local_entry"], local_entry_recipes=e["local_entry_recipes"],
+            seq_length_sets_model=e["seq_length_sets_model"], seq_length_why=e["seq_length_why"],
+            dryrun_validates=e["dryrun_validates"], dryrun_why=e["dryrun_why"],
+            task_choices=tuple(e["task_choices"]), local_env_note=e["local_env_note"],
+            package_info=str(e["package_info"]), suites=_suites(e))
+    return out
+
+
+def keys() -> tuple:
+    """The Bridge release keys, oldest first (the last is the newest, main)."""
+    return tuple(releases())
+
+
+def release(key: str) -> Release:
+    return releases()[key]
+
+
+def newest() -> Release:
+    return releases()[keys()[-1]]
+
+
+def _read_at(key: str) -> str:
+    return str(_card()["bridge_releases"][key]["read_at"])
 
 
 # ---------------------------------------------------------------- detection
@@ -162,7 +134,7 @@ class Detection:
 
     @property
     def release(self) -> Optional[Release]:
-        return RELEASES.get(self.key) if self.key else None
+        return releases().get(self.key) if self.key else None
 
     def to_dict(self) -> dict:
         return {"key": self.key, "how": self.how, "package_info": self.version, "layout": self.layout,
@@ -203,7 +175,7 @@ def layout(repo: Path) -> dict:
            "argument_parser.py": (repo / ARGUMENT_PARSER).is_file(),
            "configs/": (repo / PERF / "configs").is_dir(),
            "perf_recipes/": (repo / "src/megatron/bridge/perf_recipes").is_dir(),
-           "test_override_precedence.py": (repo / _PRECEDENCE).is_file(),
+           "test_override_precedence.py": (repo / _card()["bridge_tests"]["override_precedence"]).is_file(),
            "task_choices": None}
     text = _read_small(repo / ARGUMENT_PARSER)
     m = _TASK.search(text) if text else None
@@ -212,51 +184,82 @@ def layout(repo: Path) -> dict:
     return out
 
 
-def _version_tuple(v: Optional[str]) -> Optional[tuple]:
-    return tuple(int(x) for x in v.split(".")) if v else None
+def _minor(v: Optional[str]) -> Optional[tuple]:
+    return tuple(int(x) for x in v.split(".")[:2]) if v else None
+
+
+def key_of_version(version: Optional[str]) -> Optional[str]:
+    """The release a package_info.py version names: the key whose `package_info` has its
+    MAJOR.MINOR; a version at or past the newest key's (main's development number) is that
+    key; None for a version older than every key (or none)."""
+    vt = _minor(version)
+    if vt is None:
+        return None
+    for r in releases().values():
+        if _minor(r.package_info) == vt:
+            return r.key
+    if vt > _minor(newest().package_info):
+        return newest().key
+    return None
+
+
+def _generation(key: Optional[str]) -> Optional[str]:
+    """'run_script' or 'bootstrap': the harness generation of a release."""
+    return None if key is None else ("bootstrap" if release(key).local_entry == BOOTSTRAP else "run_script")
 
 
 def detect(repo: Optional[Path], forced: Optional[str] = None) -> Detection:
     """Which Bridge release a checkout is, and how that was decided (never imports it)."""
+    oldest, newest_key = keys()[0], keys()[-1]
     if repo is None:
         if forced:
             return Detection(forced, f"given with --bridge-release {forced} (no checkout to read)")
-        return Detection("main", "no checkout given: the facts of main (067f987) are assumed; "
-                                 "pass --bridge-release 0.5 or 0.6 for an older release")
+        older = [k for k in keys() if k != newest_key]
+        return Detection(newest_key, f"no checkout given: the facts of {newest_key} "
+                                     f"({_read_at(newest_key)}) are assumed; pass --bridge-release "
+                                     f"{' or '.join(older)} for an older release")
     version = package_version(repo)
     lay = layout(repo)
-    vt = _version_tuple(version)
+    by_version = key_of_version(version)
     tasks = lay["task_choices"] or []
-    new_harness = lay["bootstrap.py"] or "peft" in tasks
-    old_harness = (not lay["bootstrap.py"]) and (lay["configs/"] or "lora" in tasks)
+    # the generations are told apart by their layout: bootstrap.py and the --task choices
+    boot_tasks = set(release(newest_key).task_choices) - set(release(oldest).task_choices)
+    flat_tasks = set(release(oldest).task_choices) - set(release(newest_key).task_choices)
+    new_harness = lay["bootstrap.py"] or bool(boot_tasks & set(tasks))
+    old_harness = (not lay["bootstrap.py"]) and (lay["configs/"] or bool(flat_tasks & set(tasks)))
     said = f"package_info.py says {version}" if version else "no readable package_info.py"
+    first_boot = next(k for k in keys() if _generation(k) == "bootstrap")
     notes: list = []
     if new_harness:
-        gen = "bootstrap.py present" if lay["bootstrap.py"] else "--task choices hold peft"
-        key = "main" if vt is not None and vt >= (0, 7, 0) else "0.6"
-        how = f"{said}; {gen} (the 0.6 harness)"
-        if vt is None:
-            how += "; without a version the 0.6 facts are used (main shares its harness)"
-        elif vt < (0, 6, 0):
-            notes.append(f"package_info.py says {version} but the layout is the 0.6 harness; the layout wins")
-            key = "0.6"
+        gen = "bootstrap.py present" if lay["bootstrap.py"] else \
+            f"--task choices hold {', '.join(sorted(boot_tasks & set(tasks)))}"
+        key = by_version if _generation(by_version) == "bootstrap" else first_boot
+        how = f"{said}; {gen} (the {first_boot} harness)"
+        if version is None:
+            how += f"; without a version the {first_boot} facts are used ({newest_key} shares its harness)"
+        elif _generation(by_version) != "bootstrap":
+            notes.append(f"package_info.py says {version} but the layout is the {first_boot} harness; "
+                         "the layout wins")
     elif old_harness:
         gen = "no bootstrap.py, scripts/performance/configs/ present" if lay["configs/"] else \
-            "no bootstrap.py, --task choices hold lora"
-        key, how = "0.5", f"{said}; {gen} (the 0.5 harness)"
-        if vt is not None and vt >= (0, 6, 0):
-            notes.append(f"package_info.py says {version} but the layout is the 0.5 harness; the layout wins")
-    elif vt is not None:
-        key = "0.5" if vt < (0, 6, 0) else "main" if vt >= (0, 7, 0) else "0.6"
+            f"no bootstrap.py, --task choices hold {', '.join(sorted(flat_tasks & set(tasks)))}"
+        key, how = oldest, f"{said}; {gen} (the {oldest} harness)"
+        if version is not None and _generation(by_version) == "bootstrap":
+            notes.append(f"package_info.py says {version} but the layout is the {oldest} harness; "
+                         "the layout wins")
+    elif version is not None:
+        key = by_version or oldest
         how = f"{said}; the harness layout could not be read (scripts/performance incomplete)"
     else:
         key, how = None, "neither package_info.py nor the harness layout says which release this is"
     det = Detection(key, how, version, lay, notes)
-    if key == "0.5" and ((vt is not None and vt < (0, 5, 0)) or not lay["test_override_precedence.py"]):
+    if key == oldest and ((version is not None and by_version is None)
+                          or not lay["test_override_precedence.py"]):
         # before the precedence fix (#3518) a run without a recompute flag lost its Hydra recompute
         # settings, so a Hydra-only control would silently not be the control
         det.supported = False
-        det.notes.append("older than v0.5.0 (no tests/unit_tests/recipes/test_override_precedence.py): "
+        first_tag = _card()["bridge_releases"][oldest]["tags"][0]
+        det.notes.append(f"older than {first_tag} (no tests/unit_tests/recipes/test_override_precedence.py): "
                          "its harness may wipe Hydra recompute overrides, which the sweep's control relies "
                          "on; --launch refuses it unless --bridge-release is given")
     if forced:

@@ -433,7 +433,7 @@ def build_sweep(repo: Optional[str], settings: Sequence[RecomputeSetting], passt
         raise InputError("--name-prefix", f"{name_prefix[:80]!r}: use 1-64 letters, digits, _ . + -")
 
     det = bridge.detect(repo_path, release)
-    facts = det.release or bridge.RELEASES["main"]
+    facts = det.release or bridge.newest()
     # the passthrough read once, as the release's rank reads it (argparse, then Hydra)
     hargv = HarnessArgv.parse(passthrough, facts.key)
     hydra_only = hargv.use_recipes
@@ -445,8 +445,8 @@ def build_sweep(repo: Optional[str], settings: Sequence[RecomputeSetting], passt
                   release=det)
     sweep.notes += det.notes
     if det.key is None:
-        sweep.notes.append("the Bridge release could not be told from the checkout: the argv follows main "
-                           "(pass --bridge-release 0.5, 0.6 or main)")
+        sweep.notes.append(f"the Bridge release could not be told from the checkout: the argv follows "
+                           f"{facts.key} (pass --bridge-release {', '.join(bridge.keys())})")
     if repo_path is None:
         sweep.unchecked.append("no checkout (--repo): the entry point, the release and the checkout's own "
                                "argument parser were not checked; run from the root of your Megatron-Bridge "

@@ -120,7 +120,8 @@ def repo_kind(repo: Path) -> str:
 
 
 def pick_suite(kind: str, name: Optional[str], release_key: Optional[str] = None) -> Suite:
-    suites = bridge.RELEASES[release_key or "main"].suites if kind == BRIDGE else SUITES[kind]
+    suites = (bridge.release(release_key) if release_key else bridge.newest()).suites if kind == BRIDGE \
+        else SUITES[kind]
     name = name or DEFAULT_SUITE[kind]
     if name not in suites:
         raise InputError("--suite", f"{name!r} is not a suite for a {kind} checkout; choose one of "
