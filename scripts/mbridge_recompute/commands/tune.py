@@ -44,7 +44,7 @@ for the plot)."""
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     from mbridge_recompute.inputs.loading import add_workload_arguments
-    from mbridge_recompute.runs.bridge import KEYS as bridge_keys
+    from mbridge_recompute.runs.bridge import keys as bridge_keys
 
     add_workload_arguments(p, mlm_args=False)
     p.set_defaults(passthrough=[])
@@ -89,7 +89,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="extra environment for every run (repeatable)")
     p.add_argument("--gbs", type=int, help="pin -gb when the harness arguments lack it")
     p.add_argument("--seq", type=int, help="pin -sl when the harness arguments lack it")
-    p.add_argument("--bridge-release", choices=bridge_keys,
+    p.add_argument("--bridge-release", choices=bridge_keys(),
                    help="the Bridge release to build for (default: read from the checkout)")
     p.add_argument("--name-prefix", default="tune",
                    help="prefix of each run's -wdj name (default: %(default)s)")
@@ -167,7 +167,6 @@ def _env(pairs) -> dict:
 def run(args) -> int:
     if args.from_:
         return _history(args)
-    from mbridge_recompute.facts import releases
     from mbridge_recompute.inputs.loading import has_workload, load_from_args
     from mbridge_recompute.output import emit
     from mbridge_recompute.runs import procgroup
