@@ -21,7 +21,7 @@ from mbridge_recompute.runs.harness_argv import HarnessArgv, parse_value
 
 from conftest import ROOT, run_script
 
-RELEASES = list(bridge.KEYS)
+RELEASES = list(bridge.keys())
 
 
 # ------------------------------------------------------------------ argparse, the real one

@@ -125,7 +125,7 @@ def _read_at(key: str) -> str:
 # ---------------------------------------------------------------- detection
 @dataclass
 class Detection:
-    key: Optional[str]                 # a RELEASES key, or None when nothing says which
+    key: Optional[str]                 # a card bridge_releases key; None when nothing says which
     how: str                           # one sentence: what was read and what it showed
     version: Optional[str] = None      # package_info.py's MAJOR.MINOR.PATCH, as text
     layout: dict = field(default_factory=dict)
