@@ -122,11 +122,14 @@ def _check_numbers(args) -> None:
 def harness_arguments(args) -> tuple:
     """(the harness arguments every run gets, notes): -ms from --iterations; on Slurm the job
     is waited for (--detach false) and its log kept under -l (the run root's nemo-run/)."""
-    from mbridge_recompute.runs.harness import flag_value
+    from mbridge_recompute.runs.harness_argv import HarnessArgv
+
+    def value(name: str):
+        return HarnessArgv.parse(passthrough, args.bridge_release or "main").value(name)
 
     passthrough = list(args.passthrough)
     notes = []
-    ms = flag_value(passthrough, ("-ms", "--max_steps"))
+    ms = value("--max_steps")
     if args.iterations is not None:
         if ms is not None and ms != str(args.iterations):
             raise Rejected("--iterations", f"also given as -ms {ms} in the harness arguments; give it once")
@@ -137,13 +140,13 @@ def harness_arguments(args) -> tuple:
         notes.append(f"-ms {DEFAULT_ITERATIONS}: each run trains {DEFAULT_ITERATIONS} iterations "
                      "(--iterations K)")
     if args.launcher == "slurm":
-        detach = flag_value(passthrough, ("--detach",))
+        detach = value("--detach")
         if detach is None:
             passthrough += ["--detach", "false"]
         elif detach.lower() not in ("false", "0", "no"):
             raise Rejected("--detach", f"{detach}: tune reads each job's log when it ends, so "
                                        "setup_experiment.py must wait for it (--detach false)")
-        if flag_value(passthrough, ("-l", "--log_dir")) is None:
+        if value("--log_dir") is None:
             log_dir = Path(args.out).expanduser().resolve() / "nemo-run"
             passthrough += ["-l", str(log_dir)]
             notes.append(f"-l {log_dir}: nemo-run keeps each job's log there, where tune reads it")

@@ -113,10 +113,10 @@ def nemo_run_log(log_dir: Path, exp: str) -> Optional[Path]:
 def training_log(run_dir: Path, manifest: Optional[dict]) -> Optional[Path]:
     """The file that holds the run's training output (module docstring)."""
     from mbridge_recompute.logs.runlog import LOG
-    from mbridge_recompute.runs.harness import flag_value
+    from mbridge_recompute.runs.harness_argv import HarnessArgv
 
-    argv = (manifest or {}).get("argv") or []
-    log_dir, exp = flag_value(argv, ("-l", "--log_dir")), flag_value(argv, ("-wdj",))
+    argv = HarnessArgv.of_command((manifest or {}).get("argv") or [], (manifest or {}).get("bridge_release"))
+    log_dir, exp = argv.value("--log_dir"), argv.value("--wandb_experiment_name")
     if (manifest or {}).get("launcher") == "slurm" and log_dir and exp:
         job = nemo_run_log(Path(log_dir), exp)
         if job is not None:

@@ -366,23 +366,23 @@ class Tuner:
 def check_passthrough_matches(w, passthrough: list) -> list:
     """Rejected when the harness arguments run another job than the workload plans (the plan
     would be of a different job); the sizes they leave to the recipe, as notes."""
-    from mbridge_recompute.runs.harness import flag_value
+    from mbridge_recompute.runs.harness_argv import HarnessArgv
 
-    pairs = (("-ng", ("-ng", "--num_gpus"), w.num_gpus, "cluster.num_gpus"),
-             ("-tp", ("-tp", "--tensor_model_parallel_size"), w.tensor_model_parallel_size,
+    pairs = (("-ng", "--num_gpus", w.num_gpus, "cluster.num_gpus"),
+             ("-tp", "--tensor_model_parallel_size", w.tensor_model_parallel_size,
               "model.tensor_model_parallel_size"),
-             ("-pp", ("-pp", "--pipeline_model_parallel_size"), w.pipeline_model_parallel_size,
+             ("-pp", "--pipeline_model_parallel_size", w.pipeline_model_parallel_size,
               "model.pipeline_model_parallel_size"),
-             ("-cp", ("-cp", "--context_parallel_size"), w.context_parallel_size,
-              "model.context_parallel_size"),
-             ("-ep", ("-ep", "--expert_model_parallel_size"), w.expert_model_parallel_size,
+             ("-cp", "--context_parallel_size", w.context_parallel_size, "model.context_parallel_size"),
+             ("-ep", "--expert_model_parallel_size", w.expert_model_parallel_size,
               "model.expert_model_parallel_size"),
-             ("-mb", ("-mb", "--micro_batch_size"), w.micro_batch_size, "train.micro_batch_size"),
-             ("-gb", ("-gb", "--global_batch_size"), w.global_batch_size, "train.global_batch_size"),
-             ("-sl", ("-sl", "--seq_length"), w.seq_length, "model.seq_length"))
+             ("-mb", "--micro_batch_size", w.micro_batch_size, "train.micro_batch_size"),
+             ("-gb", "--global_batch_size", w.global_batch_size, "train.global_batch_size"),
+             ("-sl", "--seq_length", w.seq_length, "model.seq_length"))
+    hargv = HarnessArgv.parse(passthrough)
     notes = []
-    for flag, spellings, planned, name in pairs:
-        given = flag_value(passthrough, spellings)
+    for flag, canonical, planned, name in pairs:
+        given = hargv.value(canonical)
         if given is None:
             if flag in ("-tp", "-pp", "-ep", "-mb"):
                 notes.append(f"{flag} is left to the recipe: the plan takes {name}={planned}; "
