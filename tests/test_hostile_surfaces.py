@@ -279,3 +279,46 @@ def test_log_readers_stay_under_a_memory_ceiling_whatever_the_log_size(tmp_path)
         code, rss = _max_rss_mb(argv)
         assert code in (0, 1), argv
         assert rss < RSS_CEILING_MB, f"{argv[0]}: {rss:.0f} MB for a {size_mb:.0f} MB log"
+
+
+# ------------------------------------------------------------------ the command-line contract
+TOOLS = ["plan", "config", "check", "harness", "compare", "diagnose", "tests"]
+
+
+@pytest.mark.parametrize("tool", TOOLS)
+def test_help_with_json_prints_one_json_object(tool):
+    r = run_script(tool, "--help", "--json", timeout=60)
+    assert r.returncode == 0
+    assert "usage:" in _one_json(r.stdout)["help"]
+
+
+def test_missing_subcommand_and_version_with_json_print_one_json_object():
+    import subprocess
+    import sys
+
+    from conftest import SCRIPTS
+
+    env = {**os.environ, "PYTHONPATH": str(SCRIPTS)}
+    missing = subprocess.run([sys.executable, "-m", "mbridge_recompute", "--json"], capture_output=True,
+                             text=True, env=env, cwd=ROOT, timeout=60)
+    assert missing.returncode == 2 and _one_json(missing.stdout)["error"]["field"] == "subcommand"
+    version = subprocess.run([sys.executable, "-m", "mbridge_recompute", "--version", "--json"],
+                             capture_output=True, text=True, env=env, cwd=ROOT, timeout=60)
+    assert version.returncode == 0 and _one_json(version.stdout)["version"].startswith("mbridge-recompute ")
+
+
+@pytest.mark.parametrize("argv,field", [
+    (["plan", "--model", ""], "--model"), (["plan", "--recipe", ""], "--recipe"),
+    (["plan", ""], "WORKLOAD"), (["plan", "--mcore-version", " "], "--mcore-version"),
+    (["check", "--run", ""], "--run"), (["config", "--modules", "mlp", "--output", ""], "--output"),
+    (["config", "--candidate", ""], "--candidate"), (["compare", ""], "LOG"),
+    (["harness", "--candidates", "", "--", "-m", "x"], "--candidates"),
+    (["tests", "--repo", ""], "--repo"),
+])
+def test_empty_option_values_exit_2_is_empty(argv, field):
+    tool, *args = argv
+    cut = args.index("--") if "--" in args else len(args)
+    r = run_script(tool, *args[:cut], "--json", *args[cut:], timeout=60)
+    assert r.returncode == 2, (argv, r.stdout[-300:], r.stderr)
+    err = _one_json(r.stdout)["error"]
+    assert err["message"] == "is empty" and field in err["field"], err

@@ -50,8 +50,39 @@ _REQUIRED = re.compile(r"^the following arguments are required: ([^,\s]+)")
 _UNRECOGNISED = re.compile(r"^unrecognized arguments: (\S+)")
 
 
+class _Shown(Exception):
+    """--help or --version was asked for: what to print (as text, or as one JSON object)."""
+
+    def __init__(self, key: str, text: str):
+        super().__init__(key)
+        self.key, self.text = key, text
+
+
+class _HelpAction(argparse.Action):
+    def __init__(self, option_strings, dest=argparse.SUPPRESS, default=argparse.SUPPRESS, help=None):
+        super().__init__(option_strings, dest=dest, default=default, nargs=0, help=help)
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        raise _Shown("help", parser.format_help())
+
+
+class _VersionAction(argparse.Action):
+    def __init__(self, option_strings, version: str, dest=argparse.SUPPRESS, default=argparse.SUPPRESS,
+                 help="show the version and exit"):
+        super().__init__(option_strings, dest=dest, default=default, nargs=0, help=help)
+        self.version = version
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        raise _Shown("version", self.version)
+
+
 class _Parser(argparse.ArgumentParser):
-    """argparse whose errors go through the one error path (exit 2, one line, JSON with --json)."""
+    """argparse whose errors go through the one error path (exit 2, one line, JSON with --json),
+    and whose --help and --version print one JSON object with --json (`_Shown`)."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, add_help=False, **kwargs)
+        self.add_argument("-h", "--help", action=_HelpAction, help="show this help message and exit")
 
     def error(self, message: str) -> None:  # noqa: D401 - argparse API
         field = self.prog
@@ -128,7 +159,8 @@ def _top_parser() -> argparse.ArgumentParser:
         epilog="subcommands:\n" + "\n".join(f"  {n:<9} {h}" for n, (_, h) in SUBCOMMANDS.items())
         + "\n\nRun 'mbridge-recompute <subcommand> --help' for its options.",
     )
-    p.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
+    p.add_argument("--version", action=_VersionAction, version=f"mbridge-recompute {__version__}")
+    p.add_argument("--json", action="store_true", help="print one JSON object (help, version or error)")
     p.add_argument("subcommand", choices=list(SUBCOMMANDS), metavar="subcommand")
     return p
 
@@ -176,9 +208,12 @@ def _limit_error(exc: BaseException):
 
 
 def _run(argv: list) -> int:
-    if not argv or argv[0] not in SUBCOMMANDS:
-        _top_parser().parse_args(argv[:1] if argv else ["--help"])
-        return 0
+    if not argv:
+        raise _Shown("help", _top_parser().format_help())
+    if argv[0] not in SUBCOMMANDS:
+        # no subcommand: its --help / --version, or one error line (JSON with --json)
+        _top_parser().parse_args(argv)
+        raise InputError("subcommand", f"required: one of {', '.join(SUBCOMMANDS)}")
     parser, module = build_parser(argv[0])
     rest, tail = argv[1:], None
     # what a bare -- hands over: a Megatron-LM argument list (`plan.py [options] -- ARGS`,
@@ -189,6 +224,7 @@ def _run(argv: list) -> int:
         cut = rest.index("--")
         rest, tail = rest[:cut], rest[cut + 1:]
     args = parser.parse_args(rest)
+    _refuse_empty(parser, args, foreign={tail_dest, "passthrough", "extra"})
     if tail is not None:
         setattr(args, tail_dest, tail)
     release = contextlib.nullcontext()
@@ -201,6 +237,20 @@ def _run(argv: list) -> int:
         release = releases.using(args.release)
     with width(None if args.wide else WIDTH), release:
         return module.run(args)
+
+
+def _refuse_empty(parser, args, foreign: set) -> None:
+    """An option or argument given as '' (or only blanks) is not silently the default: exit 2.
+    `foreign` names the arguments handed to another program (after a bare --)."""
+    for action in parser._actions:
+        if action.dest in foreign or action.dest is argparse.SUPPRESS or not hasattr(args, action.dest):
+            continue
+        value = getattr(args, action.dest)
+        items = value if isinstance(value, list) else [value]
+        if any(isinstance(v, str) and not v.strip() for v in items) and value is not action.default:
+            name = next((o for o in action.option_strings if o.startswith("--")),
+                        action.option_strings[0] if action.option_strings else (action.metavar or action.dest))
+            raise InputError(str(name), "is empty")
 
 
 def _fail(exc: InputError, as_json: bool) -> int:
@@ -227,7 +277,7 @@ def _require_packages() -> None:
 
 def main(argv: list[str] | None = None) -> None:
     argv = list(sys.argv[1:] if argv is None else argv)
-    as_json = wants_json(argv[1:])
+    as_json = wants_json(argv[1:] if argv and argv[0] in SUBCOMMANDS else argv)
     gate = _NoteGate(sys.stderr)
     sys.stderr = gate
     failed = False
@@ -240,6 +290,13 @@ def main(argv: list[str] | None = None) -> None:
             if limit is None:
                 raise
             raise limit from None
+    except _Shown as shown:
+        gate.close_gate(drop_notes=True)
+        if as_json:
+            sys.stdout.write(json.dumps({shown.key: shown.text}) + "\n")
+        else:
+            sys.stdout.write(shown.text if shown.text.endswith("\n") else shown.text + "\n")
+        code = 0
     except InputError as exc:
         failed = True
         gate.close_gate(drop_notes=True)
