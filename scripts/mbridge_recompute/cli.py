@@ -248,9 +248,8 @@ def _refuse_empty(parser, args, foreign: set) -> None:
         value = getattr(args, action.dest)
         items = value if isinstance(value, list) else [value]
         if any(isinstance(v, str) and not v.strip() for v in items) and value is not action.default:
-            name = next((o for o in action.option_strings if o.startswith("--")),
-                        action.option_strings[0] if action.option_strings else (action.metavar or action.dest))
-            raise InputError(str(name), "is empty")
+            names = action.option_strings or [action.metavar or action.dest]
+            raise InputError(str(next((o for o in names if str(o).startswith("--")), names[0])), "is empty")
 
 
 def _fail(exc: InputError, as_json: bool) -> int:
