@@ -56,7 +56,15 @@ def test_each_format_prints_what_the_renderer_writes(run_tool, fmt):
     res = run_tool("config", "--granularity", "full", "--method", "block", "--num-layers", "2",
                    "--format", fmt)
     assert res.returncode == 0, res.stderr
-    assert res.stdout == snippets.as_text(snippets.render(R.full("block", 2), fmt))
+    want = snippets.render(R.full("block", 2), fmt)
+    if isinstance(want, str):
+        assert res.stdout == snippets.as_text(want)
+    else:                                # tokens: one shell command, continued at 100 columns
+        assert shlex.split(res.stdout.replace(" \\\n", " ")) == want
+        assert max(map(len, res.stdout.splitlines())) <= 100
+        wide = run_tool("config", "--granularity", "full", "--method", "block", "--num-layers", "2",
+                        "--format", fmt, "--wide")
+        assert wide.stdout == snippets.as_text(want)
 
 
 def test_token_formats_print_one_shell_line_that_splits_back(run_tool):
@@ -208,8 +216,9 @@ def test_output_writes_the_format_and_never_overwrites_without_force(run_tool, t
 
 
 def test_output_of_a_token_format_is_the_printed_line(run_tool, tmp_path):
+    """The file holds the one-line form (what --wide prints; the terminal gets it continued)."""
     target = tmp_path / "overrides.txt"
-    printed = run_tool("config", "--modules", "[]", "--format", "overrides")
+    printed = run_tool("config", "--modules", "[]", "--format", "overrides", "--wide")
     written = run_tool("config", "--modules", "[]", "--format", "overrides", "--output", str(target))
     assert written.returncode == 0 and written.stdout == ""
     assert target.read_text() == printed.stdout

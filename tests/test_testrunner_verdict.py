@@ -79,8 +79,8 @@ def test_a_node_id_missing_at_this_revision_is_reported_not_a_pytest_exit_4(tmp_
     assert node in r["missing"] and r["missing_why"][node] == "test not defined in the file at this revision"
     assert node not in r["command"] and r["returncode"] == 0
     assert r["passed"] == 2 and r["complete"] is False and proc.returncode == 1
-    assert f"MISSING at this revision: {node} (test not defined" in run_script(
-        "tests", "--repo", tmp_path, "--bridge-release", "main", env=NO_PLUGINS).stdout
+    assert f"MISSING at this revision: {node} (test not defined" in " ".join(run_script(
+        "tests", "--repo", tmp_path, "--bridge-release", "main", env=NO_PLUGINS).stdout.split())
 
 
 def test_a_node_id_pytest_cannot_find_is_a_fail_that_names_it(tmp_path):

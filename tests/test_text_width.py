@@ -5,13 +5,14 @@ continues with backslashes. `--wide` keeps one line per sentence and per table r
 from __future__ import annotations
 
 import shlex
+from pathlib import Path
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from mbridge_recompute.output import WIDTH, shell_lines, table, width, wrap
 
-from conftest import run_script
+from conftest import EXAMPLES, ROOT, run_script
 
 
 def _longest(text: str) -> int:
@@ -135,3 +136,73 @@ def test_a_table_of_short_words_always_fits_the_width(rows, cols, extra):
     for r in body:                       # every word of every cell is still there
         for word in " ".join(r).split():
             assert word in text
+
+
+# ----------------------------------------------------------------- every tool, every example
+def _invoke(*argv) -> tuple:
+    """(exit code, stdout, stderr) of one tool run in-process, as its script runs it."""
+    import contextlib
+    import io
+
+    from mbridge_recompute.cli import main
+
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        try:
+            main([str(a) for a in argv])
+        except SystemExit as exc:
+            return exc.code, out.getvalue(), err.getvalue()
+    return None, out.getvalue(), err.getvalue()
+
+
+WORKLOADS = sorted(EXAMPLES.glob("*.yaml"))
+RUN_SETS = sorted(p for p in (EXAMPLES / "logs").iterdir() if p.is_dir() and (p / "empty").is_dir())
+RUN_DIRS = sorted(d for s in RUN_SETS for d in s.iterdir() if (d / "log.txt").is_file())
+LOGS = sorted((EXAMPLES / "logs" / "oom").glob("*.log")) + [d / "log.txt" for d in RUN_DIRS]
+PINNED = ["-m", "deepseek", "-mr", "moonlight_16b", "-ng", "8", "-g", "h100", "-c", "bf16", "-gb", "64",
+          "-sl", "4096", "-ms", "20"]
+
+
+def _cases(tmp: Path) -> list:
+    """Every tool on every example workload, run directory and log (text, not --json)."""
+    import sys
+
+    sys.path.insert(0, str(ROOT / "tests" / "fixtures" / "harness"))
+    import standin
+
+    checkout = standin.make_checkout(tmp / "bridge", "main", tests=True)
+    plan_json = tmp / "plan.json"
+    code, out, _ = _invoke("plan", EXAMPLES / "moonlight_16b.yaml", "--top", "3", "--json")
+    plan_json.write_text(out)
+    cases = [("plan",), ("check",), ("config", "--modules", "moe_act,layernorm")]
+    for w in WORKLOADS:
+        cases += [("plan", w), ("plan", w, "--per-rank"), ("plan", w, "--alternatives"),
+                  ("plan", w, "--measured-peak-gb", "60"), ("check", w),
+                  ("config", w, "--modules", "core_attn,mlp"),
+                  ("config", w, "--granularity", "full", "--method", "uniform", "--num-layers", "1")]
+    for fmt in ("python", "yaml", "overrides", "harness", "mlm"):
+        cases.append(("config", "--modules", "moe_act,layernorm", "--format", fmt))
+    for run_set in RUN_SETS:
+        cases.append(("compare", *sorted(run_set.iterdir())))
+    cases += [("check", "--run", d) for d in RUN_DIRS]
+    cases += [("diagnose", log) for log in LOGS]
+    cases += [("harness", "--bridge-release", "0.6", "--candidates", "core_attn", "moe_act", "--", *PINNED),
+              ("harness", "--repo", checkout, "--out", tmp / "runs", "--from-plan", plan_json, "--", *PINNED),
+              ("tests", "--repo", checkout)]
+    return cases
+
+
+def test_every_tool_fits_100_columns_on_every_example(tmp_path, monkeypatch):
+    monkeypatch.setenv("PYTEST_DISABLE_PLUGIN_AUTOLOAD", "1")     # `tests` runs a real pytest
+    wide = []
+    for case in _cases(tmp_path):
+        code, out, err = _invoke(*case)
+        assert code in (0, 1), (case, err[-2000:])
+        lines = out.splitlines() + [ln for ln in err.splitlines() if not ln.startswith("error:")]
+        if case[0] == "tests":           # pytest's own output on stderr is not ours
+            lines = out.splitlines()
+        # over the width only a single token no shell may split (a pytest node id, a path)
+        over = [ln for ln in lines if len(ln) > WIDTH and " " in ln.strip().removesuffix(" \\")]
+        if over:
+            wide.append((case, over[:3]))
+    assert not wide, wide

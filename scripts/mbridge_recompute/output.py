@@ -86,15 +86,27 @@ def wrap(text: str, indent: str = "", hang: Optional[str] = None) -> list[str]:
     return out
 
 
-def _pack(text: str, cols: int, first: str, hang: str, breaks: str = "@") -> list[str]:
+def wrap_all(lines: Iterable[str], more: str = "    ") -> list[str]:
+    """Lines of prose, each wrapped at the current width; a continuation is indented as its line
+    plus `more` (so `  fix: ...` continues under its own text). Not for commands or code."""
+    out: list[str] = []
+    for line in lines:
+        for part in line.split("\n"):
+            lead = part[:len(part) - len(part.lstrip(" "))]
+            out += wrap(part[len(lead):], lead, lead + more)
+    return out
+
+
+def _pack(text: str, cols: int, first: str, hang: str, breaks: str | tuple = "@") -> list[str]:
     """Words of `text` greedily in lines of `cols`, the first starting with `first`, the rest
     with `hang`. A word too long for any line is cut before a character of `breaks` (a candidate
     before its `@` changes); what cannot be cut overflows whole."""
     lines, cur, fresh = [], first + text[:len(text) - len(text.lstrip(" "))], True
-    for word in text.split():
+    for m in re.finditer(r"(\s*)(\S+)", text.strip(" ")):
+        space, word = m.group(1).replace("\t", " ") or " ", m.group(2)   # inner spacing is kept
         pieces = [word] if len(hang) + len(word) <= cols else _pieces(word, breaks)
         for k, piece in enumerate(pieces):
-            sep = "" if fresh or k else " "
+            sep = "" if fresh or k else space
             if not fresh and len(cur) + len(sep) + len(piece) > cols:
                 lines.append(cur)
                 cur, fresh, sep = hang, True, ""
@@ -115,8 +127,15 @@ def shell_lines(argv: Iterable[str], indent: str = "", hang: Optional[str] = Non
     if cols is None or len(line) <= cols:
         return [line]
     hang = indent + "  " if hang is None else hang
-    out, cur, on_line = [], indent, 0
+    units: list[str] = []                # a flag stays on the line of its short value: `-mr NAME`
     for tok in tokens:
+        if units and units[-1].startswith("-") and " " not in units[-1] and not tok.startswith("-") \
+                and len(units[-1]) + len(tok) < 40:
+            units[-1] += " " + tok
+        else:
+            units.append(tok)
+    out, cur, on_line = [], indent, 0
+    for tok in units:
         if on_line and len(cur) + 1 + len(tok) + 2 > cols:
             out.append(cur + " \\")
             cur, on_line = hang, 0
@@ -148,12 +167,12 @@ def emit(report: Any, as_json: bool, text: Callable[[Any], str]) -> None:
 
 
 def table(headers: Sequence[str], rows: Iterable[Sequence[Any]], align: str | None = None,
-          free: Optional[int] = None, breaks: str = "") -> str:
+          free: Optional[int] = None, breaks: str | tuple = "") -> str:
     """A plain fixed-width table. `align` is one char per column: l or r.
 
     At the current width, a table too wide for it is laid out in steps until it fits: headers
-    stack at spaces; cells may break before any character of `breaks` (a candidate name before
-    its `@` changes, the continuation starting with the character); `free`, the index of the
+    stack at spaces; the widest cells wrap at spaces or break before any character of `breaks`
+    (a candidate name before its `@` changes, the continuation starting with it); `free`, the index of the
     free-text column (a reason, a term), wraps in place, or, when the other columns leave it
     under MIN_WRAP columns, is written under each row as `    HEADER: TEXT`."""
     headers = [str(h) for h in headers]
@@ -167,8 +186,8 @@ def table(headers: Sequence[str], rows: Iterable[Sequence[Any]], align: str | No
     cells = [max([len(r[i]) for r in body] + [1]) for i in range(len(headers))]
     stacked = [max([cells[i]] + [len(w) for w in h.split()]) for i, h in enumerate(headers)]
     # the narrowest a column can be: its header's longest word, its cells' longest piece
-    least = [max([len(p) for r in body for p in _pieces(r[i], breaks)] + [len(w) for w in h.split()]
-                 + [1]) for i, h in enumerate(headers)]
+    least = [max([len(p) for r in body for w in r[i].split() for p in _pieces(w, breaks)]
+                 + [len(w) for w in h.split()] + [1]) for i, h in enumerate(headers)]
 
     def fit(idx: list, budget: int) -> dict:
         """Widths of columns `idx` within `budget`: natural, else stacked headers, else the
@@ -210,7 +229,7 @@ def table(headers: Sequence[str], rows: Iterable[Sequence[Any]], align: str | No
 
 
 def _blocks(headers: list, body: list, align: str, col: Optional[int], natural: list,
-            breaks: str) -> str:
+            breaks: str | tuple) -> str:
     """A table too wide even with stacked headers and broken cells: its columns in consecutive
     blocks, each a table of its own led by the first (key) column; the free-text column goes
     under the rows of the first block."""
@@ -232,11 +251,13 @@ def _blocks(headers: list, body: list, align: str, col: Optional[int], natural: 
     return "\n\n".join(parts)
 
 
-def _pieces(text: str, breaks: str) -> list[str]:
-    """`text` cut before every character of `breaks` (a cell's unbreakable parts)."""
+def _pieces(text: str, breaks) -> list[str]:
+    """`text` cut before every occurrence of a break (each character of a string, or each string
+    of a tuple: `("::", "/")`), the parts a cell may be broken into."""
     if not breaks:
         return [text]
-    return [p for p in re.split("(?=[" + re.escape(breaks) + "])", text) if p] or [""]
+    seps = list(breaks) if isinstance(breaks, str) else list(breaks)
+    return [p for p in re.split("(?=" + "|".join(map(re.escape, seps)) + ")", text) if p] or [""]
 
 
 def _span(widths: Sequence[int]) -> int:
@@ -244,7 +265,7 @@ def _span(widths: Sequence[int]) -> int:
     return sum(widths) + 2 * max(0, len(widths) - 1)
 
 
-def _fill(text: str, columns: int, breaks: str = "") -> list[str]:
+def _fill(text: str, columns: int, breaks: str | tuple = "") -> list[str]:
     """`text` as lines of at most `columns`: at spaces, or before a character of `breaks`
     (words and pieces whole, so a longer one overflows)."""
     if len(text) <= columns:

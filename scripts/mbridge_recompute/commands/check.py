@@ -213,7 +213,9 @@ def render(report: dict) -> str:
     lines.append("")
     n_err = len(errors(findings))
     lines.append("ok: no error findings" if report["ok"] else f"FAILED: {n_err} error finding(s)")
-    return "\n".join(lines)
+    from mbridge_recompute.output import wrap_all
+
+    return "\n".join(wrap_all(lines))
 
 
 def _setting_text(s) -> str:

@@ -242,11 +242,13 @@ def _refusal_text(setting, check: dict) -> str:
     for f in errors(check["findings"]):
         lines.append(f"  {f['id']}: {f['message']}")
         lines.append(f"    fix: {f['fix']}")
-    return "\n".join(lines)
+    from mbridge_recompute.output import wrap_all
+
+    return "\n".join(wrap_all(lines))
 
 
 def run(args) -> int:
-    from mbridge_recompute.output import emit
+    from mbridge_recompute.output import emit, shell_lines, warn
     from mbridge_recompute.write import snippets
 
     release = args.release
@@ -272,11 +274,10 @@ def run(args) -> int:
         return EXIT_PROBLEM
 
     for f in check["findings"]:
-        sys.stderr.write(f"{f['severity']}: {f['id']}: {f['message']} (fix: {f['fix']})\n")
+        warn(f"{f['severity']}: {f['id']}: {f['message']} (fix: {f['fix']})")
     if check["checked_against"] == "baseline":
-        sys.stderr.write("note: no workload given; checked against a permissive baseline model, "
-                         "so only the setting's own constraints could fail "
-                         "(give WORKLOAD.yaml or --model for the full check)\n")
+        warn("note: no workload given; checked against a permissive baseline model, so only the "
+             "setting's own constraints could fail (give WORKLOAD.yaml or --model for the full check)")
 
     if out_path:
         files.write(out_path, snippets.as_text(wanted), args.force, "--output")
@@ -291,6 +292,7 @@ def run(args) -> int:
         report["format"] = args.format
         report["output"] = str(out_path) if out_path else None
         emit(report, True, None)
-    elif not out_path:
-        sys.stdout.write(snippets.as_text(wanted))
+    elif not out_path:          # a file keeps one line; the terminal gets the width
+        sys.stdout.write(snippets.as_text(wanted) if isinstance(wanted, str)
+                         else "\n".join(shell_lines(wanted)) + "\n")
     return EXIT_OK

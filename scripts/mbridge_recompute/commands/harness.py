@@ -190,6 +190,10 @@ def run(args) -> int:
 
 
 def _text(report: dict) -> str:
+    import shlex
+
+    from mbridge_recompute.output import shell_lines, shell_token, wrap_all
+
     lines = [f"{report['mode']}: {len(report['runs'])} runs, launcher {report['launcher']}, "
              f"repo {report['repo'] or '(none)'}"]
     rel = report.get("release")
@@ -207,14 +211,18 @@ def _text(report: dict) -> str:
         lines.append(f"not checked: {item}")
     for note in report["notes"]:
         lines.append(f"note: {quote_overrides(note)}")
+    lines = wrap_all(lines)
     if report["mode"] == "launch":
         lines.append("")
         lines.append(table(["run", "candidate", "status", "exit", "seconds", "run dir"],
                            [[r["name"], r["candidate"], r["status"], r["returncode"], r["duration_s"],
-                             r["run_dir"]] for r in report["runs"]], "llllrl"))
+                             r["run_dir"]] for r in report["runs"]], "llllrl", breaks="/"))
         if report.get("next"):
-            lines += ["", f"compare: {report['next']}"]
+            lines += ["", "compare:"] + shell_lines(shlex.split(report["next"]), "  ", "    ")
     else:
         for r in report["runs"]:
-            lines += ["", f"# {r['name']}: {r['candidate']}", r["display"]]
+            # the one-line form is the JSON's `display`; the text continues it with backslashes
+            head = " ".join(([f"cd {shell_token(r['cwd'])} &&"] if r.get("cwd") else [])
+                            + [f"{k}={shell_token(v)}" for k, v in (r.get("env") or {}).items()])
+            lines += ["", f"# {r['name']}: {r['candidate']}"] + shell_lines(r["argv"], "", "  ", head=head)
     return "\n".join(lines)

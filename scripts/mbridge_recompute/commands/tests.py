@@ -67,33 +67,32 @@ def run(args) -> int:
 
 
 def _text(r: dict) -> str:
-    from mbridge_recompute.output import shell_line
+    from mbridge_recompute.output import shell_lines, wrap_all
 
-    lines = [f"{r['repo_kind']} checkout {r['repo']}, suite {r['suite']} (needs: {r['needs']})"]
+    head = [f"{r['repo_kind']} checkout {r['repo']}, suite {r['suite']} (needs: {r['needs']})"]
     if r.get("release"):
-        lines.append(f"Bridge release: {r['release']['key'] or 'unknown'} ({r['release']['how']})")
-    lines.append("command: " + shell_line(r["command"] or []))
-    for p in r["missing"]:
-        lines.append(f"MISSING at this revision: {p} ({r['missing_why'].get(p, 'not found')})")
-    for p in r.get("not_found", []):
-        lines.append(f"NOT FOUND by pytest: {p}")
+        head.append(f"Bridge release: {r['release']['key'] or 'unknown'} ({r['release']['how']})")
+    lines = wrap_all(head) + ["command:"] + shell_lines(r["command"] or [], "  ", "    ")
+    found = [f"MISSING at this revision: {p} ({r['missing_why'].get(p, 'not found')})" for p in r["missing"]]
+    found += [f"NOT FOUND by pytest: {p}" for p in r.get("not_found", [])]
+    lines += wrap_all(found)
     if r["tests"]:
         lines.append("")
-        lines.append(table(["test", "outcome"], [[t["id"], t["outcome"]] for t in r["tests"]]))
-    lines.append("")
-    lines.append(f"selected {r['selected']}  passed {r['passed']}  failed {r['failed']}  "
-                 f"errors {r['errors']}  skipped {r['skipped']}  deselected {r['deselected']}  "
-                 f"pytest exit {r['returncode']}")
+        lines.append(table(["test", "outcome"], [[t["id"], t["outcome"]] for t in r["tests"]],
+                           breaks=("::", "/", "[")))
+    tail = ["", f"selected {r['selected']}  passed {r['passed']}  failed {r['failed']}  "
+                f"errors {r['errors']}  skipped {r['skipped']}  deselected {r['deselected']}  "
+                f"pytest exit {r['returncode']}"]
     if r.get("timed_out"):
-        lines.append(f"timed out: pytest's process group was ended ({r['ended_by']})")
+        tail.append(f"timed out: pytest's process group was ended ({r['ended_by']})")
     if r.get("interrupted"):
-        lines.append(f"interrupted by {r['signal']}: pytest's process group was ended ({r['ended_by']})")
+        tail.append(f"interrupted by {r['signal']}: pytest's process group was ended ({r['ended_by']})")
     if r.get("junit_disagrees"):
-        lines.append("note: the junit report disagrees with what the run recorded; the record is used")
+        tail.append("note: the junit report disagrees with what the run recorded; the record is used")
     why = {"pass": "at least one test ran, none failed",
            "fail": "a test failed or errored, or pytest ended abnormally",
            "no-tests": "nothing ran (zero selected, or every selected test skipped): not a pass"}
-    lines.append(f"verdict: {r['verdict']} ({why[r['verdict']]})")
+    tail.append(f"verdict: {r['verdict']} ({why[r['verdict']]})")
     if not r["complete"]:
-        lines.append("incomplete: part of the suite is missing at this revision")
-    return "\n".join(lines)
+        tail.append("incomplete: part of the suite is missing at this revision")
+    return "\n".join(lines + wrap_all(tail))

@@ -388,7 +388,7 @@ def table_rows(report: dict) -> list:
     return out
 
 
-HEADERS = ["run", "status", "peak alloc GB", "peak resv GB", "hot rank", "step ms", "TFLOP/s/GPU",
+HEADERS = ["run", "status", "peak alloc GB", "peak resv GB", "hot rank", "step ms", "TFLOP/s per GPU",
            "Δ peak", "Δ time", "Δ TFLOP/s"]
 
 
@@ -407,13 +407,14 @@ def _footer(report: dict) -> list:
 
 
 def render_text(report: dict) -> str:
-    from mbridge_recompute.output import table
+    from mbridge_recompute.output import table, wrap_all
 
     r0 = next(r for r in report["runs"] if r["control"])
     head = (f"control: {report['control']} ({r0['status']}); steady window: iterations "
             f"{r0['steady_window'][0]}-{r0['steady_window'][1]}; "
             "Δ peak at the latest iteration both runs reported")
-    return "\n".join([head, "", table(HEADERS, table_rows(report), "llrrrrrrrr"), ""] + _footer(report))
+    return "\n".join(wrap_all([head]) + ["", table(HEADERS, table_rows(report), "llrrrrrrrr", breaks="+"), ""]
+                     + wrap_all(_footer(report)))
 
 
 def render_markdown(report: dict) -> str:

@@ -403,8 +403,10 @@ def diagnose(run: RunLog) -> dict:
 def render_text(report: dict) -> str:
     notes = [f"note: {n}" for n in report.get("notes", [])]
     if not report["findings"]:
-        return "\n".join([f"{report['source']}: nothing recognisable (no OOM, no known recompute error)",
-                          *notes])
+        from mbridge_recompute.output import wrap_all
+
+        return "\n".join(wrap_all([f"{report['source']}: nothing recognisable (no OOM, no known "
+                                    "recompute error)", *notes]))
     lines = [f"{report['source']}:", *notes]
     for i, f in enumerate(report["findings"], 1):
         ident = f.get("constraint_id") or f.get("id")
@@ -415,4 +417,6 @@ def render_text(report: dict) -> str:
         lines.append(f"   next:     {quote_overrides(f['next_action'])}")
         if f.get("source"):
             lines.append(f"   source:   {f['source']}")
-    return "\n".join(lines)
+    from mbridge_recompute.output import wrap_all
+
+    return "\n".join(wrap_all(lines, more=" " * 10))     # continuations under "evidence: "'s text
