@@ -50,8 +50,10 @@ def test_llama3_70b_lists_vpp_10_with_its_bubble_beside_mlp_and_full_recompute(l
     vpp10 = next(a for n, a in rows.items() if n.endswith("@virtual_pipeline_model_parallel_size=10"))
     assert vpp10["kind"].startswith("vpp") and "bubble 3.75 % -> 1.88 %" in vpp10["detail"]
     assert vpp10["frees_bytes"] > 0
-    assert "mlp" in rows and ("uniform:1" in rows or "block:1" in rows)
-    assert rows["mlp"]["cost_pct"] > vpp10["cost_pct"]
+    # the current setting is selective [core_attn]: a label row adds the label to it
+    assert "core_attn,mlp" in rows and ("uniform:1" in rows or "block:1" in rows)
+    assert rows["core_attn,mlp"]["relation"] == "added to the current labels"
+    assert rows["core_attn,mlp"]["cost_pct"] > vpp10["cost_pct"]
 
 
 def test_every_listed_alternative_is_legal_per_the_checker(llama_alternatives):

@@ -283,14 +283,18 @@ def _label_table(r) -> list:
 def _alternatives_table(r) -> list:
     from mbridge_recompute.output import table, wrap
 
-    rows = [[a["name"], a["kind"], gb(a["frees_bytes"]), gb(a["peak_bytes"]), f"{a['cost_pct']:.2f}",
-             "yes" if a["fits"] else "no", a["detail"] or ("dominated by " + a["dominated_by"]
-                                                           if a["dominated_by"] else "")]
+    rows = [[a["name"], a["kind"], gb(a["frees_bytes"]), gb(a["peak_bytes"]), f"{a['replay_pct']:.2f}",
+             f"{a['cost_pct']:+.2f}", "yes" if a["fits"] else "no",
+             "; ".join(x for x in (a["relation"], a["detail"],
+                                   "dominated by " + a["dominated_by"] if a["dominated_by"] else "")
+                       if x)]
             for a in r.side_by_side]
-    return wrap("alternatives beside recompute (each alone on the current setting; frees = current "
-                "peak minus its peak; cost = change of the modelled step)") + [
-            table(["candidate", "kind", "frees GB", "peak GB", "cost %", "fits", "how"], rows, "llrrrll",
-                  free=-1, breaks="@")]
+    return wrap("alternatives beside recompute: frees = peak(current) - peak(option) on the hottest "
+                "rank, for the option each row names (a label is added to the current labels, full "
+                "recompute replaces them, a layout / offload / optimizer change keeps them); step = "
+                "the change of the modelled step") + [
+            table(["option", "kind", "frees GB", "peak GB", "replay %", "step %", "fits", "how"], rows,
+                  "llrrrrll", free=-1, breaks="@")]
 
 
 def _frontier_table(r) -> list:
@@ -302,7 +306,7 @@ def _frontier_table(r) -> list:
     kind = [c.setting.kind for c in front[:limit]] if r.alternatives else None
     offload = _offloading(r)
     rows = [[c.name] + ([kind[i]] if kind else []) + [gb(c.peak_bytes)]
-            + [gb(c.rank_peak(k)) for k in range(ranks)]
+            + [gb(c.rank_peak(k)) if k < len(c.rank_peaks) else "-" for k in range(ranks)]
             + [f"{c.replay_pct:.2f}"]
             + ([f"{c.offload_pct:.2f}", gb(c.host_bytes)] if offload else [])
             + ([f"{c.cost_pct:+.2f}"] if r.alternatives else [])

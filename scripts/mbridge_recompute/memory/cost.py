@@ -13,6 +13,7 @@ kernels (norms, activations) are converted to FLOP-equivalents with the two
 
 from __future__ import annotations
 
+from collections import Counter
 from functools import lru_cache
 from typing import NamedTuple
 
@@ -153,18 +154,18 @@ def replay_and_step_flops(w, knobs: Knobs = DEFAULT_KNOBS, disabled=()) -> tuple
     from mbridge_recompute.memory.shape import shape_of
 
     sh = shape_of(w, knobs)
-    kinds = w.layer_kinds()
-    forward = sum(layer_forward_flops(sh, k, knobs) for k in kinds) + output_forward_flops(sh)
+    kinds = Counter(w.layer_kinds())
+    forward = sum(n * layer_forward_flops(sh, k, knobs) for k, n in kinds.items()) \
+        + output_forward_flops(sh)
     step = 3 * forward
     replay = 0.0
     granularity = granularity_of(w, disabled)
     if granularity == "full":
-        for kind, recomputed in full_recompute_units(w):
-            if recomputed:
-                replay += layer_full_replay_flops(sh, kind, knobs)
+        recomputed = Counter(kind for kind, rec in full_recompute_units(w) if rec)
+        replay = sum(n * layer_full_replay_flops(sh, k, knobs) for k, n in recomputed.items())
     elif granularity == "selective":
         mods = modules_of(w, disabled)
-        replay = sum(layer_replay_flops(sh, k, mods, knobs) for k in kinds)
+        replay = sum(n * layer_replay_flops(sh, k, mods, knobs) for k, n in kinds.items())
     return replay, step
 
 
@@ -223,6 +224,22 @@ def _cp_exposed(sh: Shape, knobs: Knobs) -> float:
     return max(0.0, comm - attn) + max(0.0, 2 * comm - 2 * attn) + merges
 
 
+def _mamba_cp_exposed(sh: Shape, knobs: Knobs) -> float:
+    """Mamba under CP (all-to-all context parallelism), per Mamba layer and micro-batch: the
+    in_proj output z, x, B, C, dt goes from sequence- to head-sharding before the convolution
+    and the scan, and y comes back after (pre_conv_ssm / post_conv_ssm, B and C repeated to at
+    least one group per CP rank, mamba_context_parallel.py:133-204, 304-377 @ core_v0.16.1);
+    each all-to-all moves (c - 1) / c of its tensor, synchronously, and the backward mirrors
+    them: nothing overlaps it."""
+    if sh.c <= 1:
+        return 0.0
+    d_inner = sh.mamba_heads * sh.mamba_head_dim / sh.t
+    groups = max(sh.mamba_groups / sh.t, sh.c)
+    pre = sh.elt * sh.T * (2 * d_inner + 2 * groups * sh.mamba_state + sh.mamba_heads / sh.t)
+    post = sh.elt * sh.T * d_inner
+    return 2 * (pre + post) * (sh.c - 1) / sh.c * knobs.comm_flops_per_byte
+
+
 def step_cost(w, knobs: Knobs = DEFAULT_KNOBS, disabled=()) -> StepCost:
     """The modelled step of `w` under its own recompute setting and layout."""
     from mbridge_recompute.memory.offload import in_force, offloaded_bytes
@@ -239,13 +256,15 @@ def step_cost(w, knobs: Knobs = DEFAULT_KNOBS, disabled=()) -> StepCost:
     if sh.offload:
         rate = knobs.pcie_flops_per_byte
         # a layer that full recompute checkpoints keeps nothing to offload (as peak.py counts it)
-        kept = [k for k, rec in full_recompute_units(w) if not rec] \
-            if granularity_of(w, disabled) == "full" else kinds
-        for k in kept:
+        kept = Counter(k for k, rec in full_recompute_units(w) if not rec) \
+            if granularity_of(w, disabled) == "full" else Counter(kinds)
+        for k, n in kept.items():
             moved = offloaded_bytes(sh, k, mods, sh.offload) * rate
             fwd = layer_forward_flops(sh, k, knobs)
-            offload += max(0.0, moved - fwd) + max(0.0, moved - 2 * fwd)
-    cp = sum(_cp_exposed(sh, knobs) for k in kinds if "attn" in k.split("+"))
+            offload += n * (max(0.0, moved - fwd) + max(0.0, moved - 2 * fwd))
+    counts = Counter(kinds)
+    cp = sum(n * _cp_exposed(sh, knobs) for k, n in counts.items() if "attn" in k.split("+")) \
+        + counts.get("mamba", 0) * _mamba_cp_exposed(sh, knobs)
     # per GPU: a pipeline rank runs 1/p of the layers
     return StepCost(w.num_microbatches, step / 3 / p, replay / p, offload / p, cp / p,
                     bubble_fraction(p, v, w.num_microbatches))

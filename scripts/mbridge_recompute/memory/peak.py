@@ -20,7 +20,7 @@ from __future__ import annotations
 from functools import lru_cache
 from typing import NamedTuple
 
-from mbridge_recompute.memory.offload import in_force, offloaded_components
+from mbridge_recompute.memory.offload import in_force, offloaded_bytes, offloaded_components
 from mbridge_recompute.memory.recompute import chunk_groups, granularity_of, layout_of, modules_of
 from mbridge_recompute.memory.schedule import inflight_vectors
 from mbridge_recompute.memory.shape import Shape, shape_of
@@ -118,6 +118,7 @@ def global_buffer_bytes(sh: Shape, kinds) -> float:
     return out
 
 
+@lru_cache(maxsize=1024)
 def _forward_ws(sh: Shape, kind: str) -> float:
     blocks = kind.split("+")
     gather = 0.0
@@ -139,10 +140,12 @@ def _forward_ws(sh: Shape, kind: str) -> float:
     return gather + extra
 
 
+@lru_cache(maxsize=1024)
 def _bwd_ws(sh: Shape, kind: str) -> float:
     return largest_tensor(sh, kind, NONE) + sh.elt * sh.h * (sh.T + sh.Tr)
 
 
+@lru_cache(maxsize=4096)
 def _dropped(sh: Shape, kind: str, mods: frozenset) -> float:
     """Bytes a selective replay re-materialises in one layer: tensors kept without
     recompute that the labels drop."""
@@ -155,6 +158,31 @@ def _dropped(sh: Shape, kind: str, mods: frozenset) -> float:
 def _add(comp: dict, other: dict, scale: float = 1.0) -> None:
     for k, v in other.items():
         comp[k] = comp.get(k, 0.0) + v * scale
+
+
+@lru_cache(maxsize=256)
+def _kind_index(kinds: tuple) -> tuple:
+    """(the distinct kinds in order of first appearance, for each a prefix count over
+    `kinds`): a group's layers of each kind in O(kinds) instead of O(layers)."""
+    distinct = tuple(dict.fromkeys(kinds))
+    prefix = {}
+    for k in distinct:
+        run, acc = [0], 0
+        for x in kinds:
+            acc += x == k
+            run.append(acc)
+        prefix[k] = run
+    return distinct, prefix
+
+
+def _group_counts(kinds: tuple, index: tuple, start: int, stop: int) -> list:
+    """(kind, layers of that kind) in kinds[start:stop], in order of first appearance
+    (`index` is `_kind_index(kinds)`)."""
+    distinct, prefix = index
+    if len(distinct) == 1:
+        return [(distinct[0], stop - start)]
+    counts = [(k, prefix[k][stop] - prefix[k][start]) for k in distinct]
+    return sorted(((k, n) for k, n in counts if n), key=lambda kn: kinds.index(kn[0], start, stop))
 
 
 @lru_cache(maxsize=4096)
@@ -176,19 +204,20 @@ def chunk_memory(sh: Shape, kinds: tuple, mode: RecomputeMode, first: bool, last
         ck = rotary_freqs_bytes(sh)
         saved += ck
         comp["checkpoints"] = comp.get("checkpoints", 0.0) + ck
+    index = _kind_index(kinds)
     for start, stop, rec in groups:
-        group = kinds[start:stop]
+        counts = _group_counts(kinds, index, start, stop)
         if full and rec:
             ck = checkpoint_bytes(sh, mode.distribute)
             saved += ck
             comp["checkpoints"] = comp.get("checkpoints", 0.0) + ck
-            group_bytes = float(sum(layer_bytes(sh, k, NONE) for k in group))
+            group_bytes = float(sum(n * layer_bytes(sh, k, NONE) for k, n in counts))
             if group_bytes > replay:
-                replay, replay_layers = group_bytes, len(group)
+                replay, replay_layers = group_bytes, stop - start
         else:
-            for k in group:
-                saved += layer_bytes(sh, k, mode.mods)
-                _add(comp, layer_components(sh, k, mode.mods))
+            for k, n in counts:
+                saved += n * layer_bytes(sh, k, mode.mods)
+                _add(comp, layer_components(sh, k, mode.mods), n)
                 d = _dropped(sh, k, mode.mods)
                 if d > replay:
                     replay, replay_layers = d, 1
@@ -197,14 +226,15 @@ def chunk_memory(sh: Shape, kinds: tuple, mode: RecomputeMode, first: bool, last
                     # component stays what the GPU holds (>= 0); the host holds it instead
                     parts = dict(offloaded_components(sh, k, mode.mods, sh.offload))
                     moved = sum(parts.values())
-                    saved -= moved
-                    host += moved
-                    _add(comp, parts, -1.0)
-                    offload_last = moved
-                    offload_top = sorted((offload_top + [moved]), reverse=True)[:2]
-        for k in group:
-            fwd = max(fwd, _forward_ws(sh, k))
-            bwd = max(bwd, _bwd_ws(sh, k))
+                    saved -= n * moved
+                    host += n * moved
+                    _add(comp, parts, -n)
+                    offload_top = sorted((offload_top + [moved] * min(n, 2)), reverse=True)[:2]
+            if sh.offload and stop > start:
+                offload_last = offloaded_bytes(sh, kinds[stop - 1], mode.mods, sh.offload)
+    for k in dict.fromkeys(kinds):
+        fwd = max(fwd, _forward_ws(sh, k))
+        bwd = max(bwd, _bwd_ws(sh, k))
     # MTP: full uniform recompute checkpoints each depth (recompute_num_layers must be 1, a
     # checker finding otherwise); block skips MTP recompute (mtp-block-skips-recompute).
     mtp_ckpt = full and mode.method == "uniform"

@@ -55,7 +55,12 @@ class Calibration:
         return self.measured_allocated_bytes - self.predicted_allocated_bytes
 
     def offsets(self, ranks: int) -> tuple:
-        return self.rank_offsets or (self.offset_bytes,) * ranks
+        """The offset of each of `ranks` pipeline ranks: per rank where ranks were measured; a
+        candidate with another pipeline size (a --alternatives PP change) takes the anchoring
+        rank's offset on every rank."""
+        if self.rank_offsets and len(self.rank_offsets) == ranks:
+            return self.rank_offsets
+        return (self.offset_bytes,) * ranks
 
     def to_dict(self) -> dict:
         return {"setting": self.setting.candidate(), "setting_describe": self.setting.describe(),

@@ -1,0 +1,87 @@
+"""The plan's sentences: its assumptions, the notes of the search, and the diagnoses when
+nothing fits. The planner decides; this module only says it in words."""
+
+from __future__ import annotations
+
+from mbridge_recompute.units import GB
+
+PEAK_AND_COST = ("peak = the hottest pipeline rank's predicted peak memory; replay cost = modelled "
+                 "replayed forward work as % of the step, not a measured time; offload copies and "
+                 "pinned host memory are their own figures, never netted into it")
+
+ALTERNATIVES = (
+    "alternatives (--alternatives), same GPU count: other pipeline sizes (PP x 2, PP / 2: the "
+    "data-parallel size, micro-batches and bubble follow), other VPP sizes dividing every "
+    "rank's layers, a layout moving 1-2 layers off the hottest rank, context parallelism, the "
+    "distributed optimizer, fine-grained offloading of the modules holding the most; each alone "
+    "and with the recompute frontier's cheapest points. Cost = change of the modelled step: "
+    "micro-batches x (3 x forward + replay + exposed offload / CP transfers) x (1 + bubble), "
+    "bubble = (p-1)/(v*m); pipeline P2P traffic and the distributed optimizer's collectives are "
+    "taken as overlapped (no modelled time)")
+
+
+EP_OVERLAP_NOT_PRICED = (
+    "EP overlap (overlap_moe_expert_parallel_comm) is not among the alternatives: the step model "
+    "has no all-to-all time for it to hide, and its warm-up forward's buffers are not modelled "
+    "(only the extra in-flight micro-batch it runs with VPP is)")
+
+
+def ep_overlap_warning() -> dict:
+    """A not-modelled warning, in coverage.findings' shape, for a workload running EP overlap."""
+    return {"id": "not-modelled", "severity": "warning", "kind": "model-coverage",
+            "message": ("not modelled: overlap_moe_expert_parallel_comm=true: the buffers of its "
+                        "warm-up forward and the all-to-all time it hides (the extra in-flight "
+                        "micro-batch it runs with VPP is modelled)"),
+            "field": "overlap_moe_expert_parallel_comm", "value": "true",
+            "fix": "the plan does not account for it: compare with a measured run",
+            "source": "memory-model", "citation": "", "upstream_message": ""}
+
+
+def searched(n: int, combinable: list, distinct_chunks, longest: int, grid: str) -> str:
+    return (f"searched {n} candidates: off, the [] control, selective subsets of "
+            f"{', '.join(combinable) or 'no label'} (moe not combined with the labels it contains), "
+            f"full uniform N (0.16.1: dividing every model chunk) and block N for chunks of "
+            f"{distinct_chunks} layers (N {grid}, up to {longest}); each checked with the built-in "
+            "rules")
+
+
+def not_applicable(label: str, reason: str) -> str:
+    return f"label {label}: not applicable ({reason})"
+
+
+def dropped(label: str, saving: int) -> str:
+    return (f"label {label}: dropped from the search, modelled saving at most {saving / GB:+.3f} GB "
+            "on any rank (no-op, negligible or adds memory)")
+
+
+def rejected_alone(label: str, ids) -> str:
+    return f"label {label}: rejected on its own by {', '.join(ids)}; not combined with other labels"
+
+
+def baseline_errors(ids) -> str:
+    return ("the workload has errors under every recompute setting (" + ", ".join(sorted(ids))
+            + "); candidates are judged on the rest")
+
+
+def refused(problems: str) -> str:
+    return f"megatron-core rejects this pipeline split ({problems}); fix the layer placement first"
+
+
+def no_free(free: dict) -> str:
+    return (f"no allowed setting frees {free['free_bytes'] / GB:.2f} GB on pp_rank {free['pp_rank']} "
+            f"against the current {free['from']}: the most is {free['most_freed_bytes'] / GB:.2f} GB "
+            f"({free['most_freed_by']}); a layout change (more PP or TP, CP, VPP) or a shorter "
+            "sequence / smaller micro-batch is needed there")
+
+
+def no_fit(estimate, rec, budget: int) -> str:
+    """Why nothing fits: static memory alone, or activations recompute cannot shrink enough."""
+    worst = max(estimate.ranks, key=lambda r: r.static_bytes)
+    if worst.static_bytes > budget:
+        return (f"static memory alone (weights, gradients, optimizer state, residual) is "
+                f"{worst.static_bytes / GB:.2f} GB on pp_rank {worst.pp_rank}, over the "
+                f"{budget / GB:.2f} GB budget: no recompute setting can fit; shard more (TP, PP, EP, "
+                f"the distributed optimizer over more data-parallel ranks) or use more GPUs")
+    return (f"even the lowest-peak candidate ({rec.name if rec else 'none'}) is predicted over the "
+            f"budget; recompute alone is not enough: shorten the sequence, lower the micro-batch, "
+            f"or shard activations further (TP with SP, CP, PP)")

@@ -1,0 +1,53 @@
+"""The facts of a plan's first lines: precision, fusions, parallelism, batch, GPU, recompute."""
+
+from __future__ import annotations
+
+from mbridge_recompute.placement import place
+from mbridge_recompute.plan.capacity import capacity
+from mbridge_recompute.setting import RecomputeSetting
+
+FUSIONS = ("bias_activation_fusion", "masked_softmax_fusion", "apply_rope_fusion",
+           "cross_entropy_loss_fusion", "bias_dropout_fusion", "moe_permute_fusion")
+
+
+def precision(w) -> str:
+    """The training precision in words: bf16 / fp16 / fp32 weights and activations, plus the
+    low-precision linears."""
+    base = "bf16" if w.bf16 else "fp16" if w.fp16 else "fp32 (neither bf16 nor fp16 set)"
+    if w.fp8:
+        base += f" + fp8 {w.fp8} {w.fp8_recipe}" + (" (fp8 params)" if w.fp8_param else "")
+    if w.fp4:
+        base += f" + fp4 {w.fp4}"
+    return base
+
+
+def fusions_on(w) -> list:
+    """The memory-relevant fusions switched on (Workload fields or model keys)."""
+    extra = w.extra_model if isinstance(w.extra_model, dict) else {}
+    out = []
+    for name in FUSIONS:
+        value = getattr(w, name, None) if name in w.__dataclass_fields__ else extra.get(name)
+        if value:
+            out.append(name + (f" ({extra.get('cross_entropy_fusion_impl', 'native')})"
+                               if name == "cross_entropy_loss_fusion" else ""))
+    return out
+
+
+def workload_summary(w, setting: RecomputeSetting) -> dict:
+    from mbridge_recompute.memory.shape import attention_core
+
+    gpus = w.num_gpus or w.model_parallel_size
+    split = place(w)
+    return {"num_layers": w.num_layers, "hidden_size": w.hidden_size,
+            "tp": w.tensor_model_parallel_size, "pp": w.pipeline_model_parallel_size,
+            "vpp": len(split.chunks[0]) if split.ok else w.vpp,
+            "cp": w.context_parallel_size, "ep": w.expert_model_parallel_size,
+            "dp": w.data_parallel_size, "seq_length": w.seq_length,
+            "micro_batch_size": w.micro_batch_size, "num_microbatches": w.num_microbatches,
+            "num_gpus": gpus, "num_gpus_given": w.num_gpus is not None,
+            "gpu_memory_gb": w.gpu_memory_gb, "gpu_capacity_bytes": capacity(w).bytes,
+            "gpu_capacity": capacity(w).how, "recompute": setting.describe(),
+            "precision": precision(w), "attention_backend": w.attention_backend,
+            "attention_core": attention_core(w), "transformer_impl": w.transformer_impl,
+            "fusions": fusions_on(w),
+            "defaults_source": getattr(w, "defaults_source", None) or "mcore"}
