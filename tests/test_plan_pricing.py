@@ -179,3 +179,61 @@ def test_mark_dominated_is_fast_on_many_candidates():
     start = time.process_time()
     search.mark_dominated(cands)
     assert time.process_time() - start < 5
+
+
+# --- package data -----------------------------------------------------------------------------
+
+def _installed_copy(dest):
+    """The package as a wheel installs it: its modules and the package-data globs of
+    pyproject.toml, with no skill root (examples/, card.yaml, SKILL.md) around it."""
+    import re
+    import shutil
+
+    src = SCRIPTS / "mbridge_recompute"
+    text = (ROOT / "pyproject.toml").read_text()
+    listed = re.search(r"^mbridge_recompute = \[(.*?)\]", text, re.S | re.M).group(1)
+    globs = re.findall(r'"([^"]+)"', listed)
+    assert "data/workloads/*.yaml" in globs
+    files = set(src.rglob("*.py"))
+    for g in globs:
+        files |= set(src.glob(g))
+    for f in files:
+        target = dest / "mbridge_recompute" / f.relative_to(src)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(f, target)
+    return dest
+
+
+def test_plan_reads_only_package_data_so_an_installed_package_plans_the_same(tmp_path):
+    """plan read the card's study workloads from examples/ at run time, so a wheel install
+    dropped the labels' 'measured cost far above the model' evidence."""
+    site = _installed_copy(tmp_path / "site")
+    run = tmp_path / "elsewhere"
+    run.mkdir()
+    probe = ("import sys; sys.path.insert(0, sys.argv[1]); from mbridge_recompute.cli import main; "
+             "main(['plan', '--json'])")
+    installed = subprocess.run([sys.executable, "-c", probe, str(site)], capture_output=True,
+                               text=True, cwd=run, timeout=300, env={"PATH": "/usr/bin:/bin"})
+    assert installed.returncode in (0, 1), installed.stderr
+    checkout = run_script("plan", "--json")
+    a, b = json.loads(installed.stdout), json.loads(checkout.stdout)
+    assert [e["cost_far_below_measured"] for e in a["labels"]] == \
+        [e["cost_far_below_measured"] for e in b["labels"]]
+    assert any(e["cost_far_below_measured"] for e in a["labels"])
+    assert a["recommendation"] == b["recommendation"]
+
+
+@pytest.mark.parametrize("name", ["moonlight_16b", "nemotron_3_nano", "llama3_70b_fp8"])
+def test_the_study_workloads_in_package_data_equal_the_examples(name):
+    from mbridge_recompute import DATA_DIR
+
+    assert (DATA_DIR / "workloads" / f"{name}.yaml").read_bytes() == \
+        (EXAMPLES / f"{name}.yaml").read_bytes()
+
+
+def test_every_card_study_workload_ships_as_package_data():
+    from mbridge_recompute.facts import card
+    from mbridge_recompute.plan.evidence import study_workload
+
+    names = [e["workload"] for e in card.load()["evidence"] if e.get("workload")]
+    assert names and all(study_workload(n).is_file() for n in names)

@@ -14,7 +14,7 @@ from __future__ import annotations
 from functools import lru_cache
 from typing import NamedTuple, Optional
 
-from mbridge_recompute import SKILL_ROOT
+from mbridge_recompute import DATA_DIR
 
 FAR_RATIO = 3.0
 FAR_POINTS = 1.0
@@ -40,6 +40,13 @@ class CostCheck(NamedTuple):
                 f"modelled ({self.evidence}" + (", approximate" if self.approximate else "") + ")")
 
 
+def study_workload(name: str):
+    """The package-data copy of a study's workload (the card names it examples/NAME.yaml)."""
+    from pathlib import PurePosixPath
+
+    return DATA_DIR / "workloads" / PurePosixPath(name).name
+
+
 def _time(row: dict) -> Optional[tuple]:
     """(a quantity proportional to step time, approximate?) for a row, or None."""
     approx = set(row.get("approximate") or [])
@@ -52,8 +59,7 @@ def _time(row: dict) -> Optional[tuple]:
 
 @lru_cache(maxsize=1)
 def checks() -> tuple:
-    """Every measured-vs-modelled cost pair of the card's studies (empty where the study's
-    workload file is not installed)."""
+    """Every measured-vs-modelled cost pair of the card's studies, on each study's workload."""
     from mbridge_recompute import memory
     from mbridge_recompute.facts import card
     from mbridge_recompute.inputs.loading import load_workload
@@ -61,10 +67,9 @@ def checks() -> tuple:
 
     out = []
     for ev in card.load().get("evidence", []):
-        if SKILL_ROOT is None or not ev.get("workload") or not (SKILL_ROOT / ev["workload"]).is_file():
+        if not ev.get("workload"):
             continue
-        path = SKILL_ROOT / ev["workload"]
-        w = load_workload(str(path))
+        w = load_workload(str(study_workload(ev["workload"])))
         rows = [(tuple(r["modules"]), _time(r)) for r in ev["rows"]]
         rows = [(m, t) for m, t in rows if t is not None]
 
