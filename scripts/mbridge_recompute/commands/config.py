@@ -171,31 +171,27 @@ def setting_from_args(args, version):
 
 # ---------------------------------------------------------------- workload
 def baseline_workload(setting):
-    """The most permissive workload for `setting`: every label it names applies,
-    no CUDA graphs, no dropout, bf16. Only constraints of the setting itself can
-    fail here (e.g. distribute_saved_activations without full recompute)."""
-    from mbridge_recompute.workload import Workload
+    """The most permissive workload for `setting`: every label it names applies (each label's
+    card `baseline:` fields, merged in card order), no CUDA graphs, no dropout, bf16. Only
+    constraints of the setting itself can fail here (e.g. distribute_saved_activations without
+    full recompute)."""
+    from mbridge_recompute.facts import card
+    from mbridge_recompute.workload import FIELD_NAMES, Workload
 
     mods = set(setting.modules or ())
     kw: dict = dict(bf16=True, attention_dropout=0.0, hidden_dropout=0.0, num_layers=8,
                     hidden_size=1024, num_attention_heads=16)
-    if mods & {"moe_act", "moe", "shared_experts"}:
-        kw.update(num_moe_experts=8, moe_router_topk=2, moe_ffn_hidden_size=1024,
-                  moe_grouped_gemm=True, moe_token_dispatcher_type="alltoall",
-                  # a dense layer too when `mlp` is asked for: i % 2 == 0 is MoE
-                  moe_layer_freq=2 if "mlp" in mods else 1)
-        if "shared_experts" in mods:
-            kw["moe_shared_expert_intermediate_size"] = 1024
-    if "mla_up_proj" in mods:
-        kw["multi_latent_attention"] = True
-    if "gdn_norm_out" in mods:
-        kw["experimental_attention_variant"] = "gdn"
+    extra: dict = {}                     # TransformerConfig fields the Workload does not name
+    for entry in card.load()["labels"]:
+        if entry["label"] in mods:
+            for name, value in (entry.get("baseline") or {}).items():
+                (kw if name in FIELD_NAMES else extra)[name] = value
     if setting.granularity == "full":
         # uniform N must divide the layers of a chunk and block N should not exceed them
         kw["num_layers"] = 8 * max(1, setting.num_layers or 1)
     if setting.distribute_saved_activations:
         kw.update(tensor_model_parallel_size=2, sequence_parallel=False)
-    return Workload(**kw)
+    return Workload(**kw, extra_model=extra)
 
 
 def _has_workload(args) -> bool:

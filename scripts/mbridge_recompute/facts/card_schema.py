@@ -144,6 +144,18 @@ def validate(card: Any) -> list[str]:
         c.field(e, "needs_te", "bool", p)
         c.field(e, "caveats", "strlist", p, required=False)
         c.field(e, "contains", "strlist", p, required=False)
+        c.field(e, "baseline", "map", p, required=False)
+        # what the memory model says of it: no terms at all, or what it drops (per attention core
+        # or `any`) and the layer blocks it needs
+        if c.field(e, "memory", "map", p):
+            mem = e["memory"]
+            if "not_modelled" in mem:
+                c.field(mem, "not_modelled", "str", f"{p}.memory")
+            elif c.field(mem, "drops", "map", f"{p}.memory"):
+                for key, text in mem["drops"].items():
+                    if not _type_ok(text, "str"):
+                        c.bad(f"{p}.memory.drops.{key}", "expected a non-empty string")
+            c.field(mem, "needs_layers", "map", f"{p}.memory", required=False)
 
     def constraint(e: dict, p: str) -> None:
         for key in ("id", "condition", "fix"):
