@@ -122,40 +122,35 @@ class RecomputeSetting:
             kinds.append("recompute")
         return "+".join(kinds) or "recompute"
 
+    def _spelled(self, off: str, full: str, default: str, listed) -> str:
+        """The recompute part in one spelling: none, full, selective with MCore's default list
+        (modules None: ["core_attn"], tc:1193-1194 @ core_v0.16.1, spelled out) or the labels
+        given (`listed(modules)`)."""
+        if self.granularity is None:
+            return off
+        if self.granularity == "full":
+            return full
+        return default if self.modules is None else listed(self.modules)
+
     def slug(self) -> str:
         """File-name-safe name (run directories, -wdj names): off, empty, core_attn,
         layernorm+moe_act, uniform2, block4, empty-vpp10. The candidate string is `candidate()`."""
-        if self.granularity is None:
-            base = "off"
-        elif self.granularity == "full":
-            base = f"{self.method}{self.num_layers}"
-        else:
-            base = "+".join(self.modules) if self.modules else "empty"
+        base = self._spelled("off", f"{self.method}{self.num_layers}", "core_attn",
+                             lambda mods: "+".join(mods) or "empty")
         for field, value in self.changes:
             base += "-" + SHORT.get(field, field) + re.sub(r"[^A-Za-z0-9]+", "_", _token(value))
         return base
 
     def candidate(self) -> str:
         """The candidate string `parse` (and `run_harness.py --candidates`) reads back."""
-        if self.granularity is None:
-            base = "none"
-        elif self.granularity == "full":
-            base = f"{self.method}:{self.num_layers}"
-        elif self.modules is None:
-            base = "core_attn"   # MCore's default list (tc:1193-1194 @ core_v0.16.1), spelled out
-        else:
-            base = ",".join(self.modules) if self.modules else "[]"
+        base = self._spelled("none", f"{self.method}:{self.num_layers}", "core_attn",
+                             lambda mods: ",".join(mods) or "[]")
         return base + "".join(f"@{k}={_token(v)}" for k, v in self.changes)
 
     def describe(self) -> str:
-        if self.granularity is None:
-            base = "no recompute"
-        elif self.granularity == "full":
-            base = f"full {self.method} {self.num_layers}"
-        elif self.modules is None:
-            base = "selective (default [core_attn])"
-        else:
-            base = f"selective [{', '.join(self.modules)}]"
+        base = self._spelled("no recompute", f"full {self.method} {self.num_layers}",
+                             "selective (default [core_attn])",
+                             lambda mods: f"selective [{', '.join(mods)}]")
         if self.changes:
             base += " with " + ", ".join(f"{k}={_token(v)}" for k, v in self.changes)
         return base

@@ -39,24 +39,26 @@ ROW_NUMBERS = ("peak_allocated_gb", "peak_memory_gb", "step_time_ms", "tflops_pe
                "delta_peak_pct", "delta_time_pct")
 
 
+def _not_bool(kinds):
+    return lambda v: isinstance(v, kinds) and not isinstance(v, bool)
+
+
+_TYPES: dict[str, Callable[[Any], bool]] = {
+    "str": lambda v: isinstance(v, str) and v.strip() != "",
+    "text": lambda v: isinstance(v, str),
+    "int": _not_bool(int),
+    "number": _not_bool((int, float)),
+    "bool": lambda v: isinstance(v, bool),
+    "map": lambda v: isinstance(v, dict),
+    "list": lambda v: isinstance(v, list),
+    "strlist": lambda v: isinstance(v, list) and all(isinstance(x, str) and x for x in v),
+}
+
+
 def _type_ok(value: Any, kind: str) -> bool:
-    if kind == "str":
-        return isinstance(value, str) and value.strip() != ""
-    if kind == "text":
-        return isinstance(value, str)
-    if kind == "int":
-        return isinstance(value, int) and not isinstance(value, bool)
-    if kind == "number":
-        return isinstance(value, (int, float)) and not isinstance(value, bool)
-    if kind == "bool":
-        return isinstance(value, bool)
-    if kind == "map":
-        return isinstance(value, dict)
-    if kind == "list":
-        return isinstance(value, list)
-    if kind == "strlist":
-        return isinstance(value, list) and all(isinstance(x, str) and x for x in value)
-    raise ValueError(kind)
+    if kind not in _TYPES:
+        raise ValueError(kind)
+    return _TYPES[kind](value)
 
 
 _NAMES = {"str": "a non-empty string", "text": "a string", "int": "an integer", "number": "a number",
