@@ -131,6 +131,12 @@ DEFAULTS = {"mcore": "megatron-core TransformerConfig's", "megatron-lm": "Megatr
 HANG = " " * 4                # continuation of a header line
 
 
+def pct(value: float, signed: bool = False) -> str:
+    """A percentage as the text shows it: the JSON's figure (rounded to 3 decimals,
+    report.Candidate.to_dict) to 2, so the text never rounds a figure differently."""
+    return format(round(value, 3), "+.2f" if signed else ".2f")
+
+
 def render_text(r) -> str:
     """The plan as text, read from the PlanReport's attributes, at the current text width."""
     from mbridge_recompute.output import shell_lines, wrap
@@ -197,7 +203,7 @@ def render_text(r) -> str:
         pure = r.recompute_recommendation
         if r.alternatives and pure is not None and pure.name != rec.name:
             out += wrap(f"beside it, the cheapest recompute-only setting: {pure.setting.describe()} "
-                        f"({pure.name}): {gb(pure.peak_bytes)} GB, cost {pure.cost_pct:.2f} %, "
+                        f"({pure.name}): {gb(pure.peak_bytes)} GB, cost {pct(pure.cost_pct)} %, "
                         + ("fits" if pure.fits else "does NOT fit"), "  ", "    ")
         snip = render_all(rec.setting)
         if snip.get("yaml"):
@@ -224,60 +230,76 @@ def _offloading(r) -> bool:
 def _costs(r, c) -> str:
     """A candidate's cost terms in words: the replay, and with offloading its exposed copies and
     host memory, never netted into each other; with --alternatives the whole step change."""
-    out = f"replay cost {c.replay_pct:.2f} %"
+    out = f"replay cost {pct(c.replay_pct)} %"
     if _offloading(r):
-        out += (f", offload copies {c.offload_pct:.2f} % exposed, {gb(c.host_bytes)} GB in pinned "
+        out += (f", offload copies {pct(c.offload_pct)} % exposed, {gb(c.host_bytes)} GB in pinned "
                 "host memory")
     if r.alternatives:
-        out += f", modelled step {c.cost_pct:+.2f} %"
+        out += f", modelled step {pct(c.cost_pct, signed=True)} %"
     return out
 
 
+def _columns(spec: list, items, free: bool = True, breaks="") -> str:
+    """A table from (header, align, cell of an item) triples: a new figure is one more triple.
+    The last column is the free-text one when `free`."""
+    from mbridge_recompute.output import table
+
+    return table([h for h, _, _ in spec], [[cell(it) for _, _, cell in spec] for it in items],
+                 "".join(a for _, a, _ in spec), free=-1 if free else None, breaks=breaks)
+
+
 def _rank_table(r) -> list:
-    """Per-rank memory under the current setting, activations by component."""
-    from mbridge_recompute.output import table, wrap
+    """Per-rank memory under the current setting, activations by component; calibrated, the
+    model's peak, the unexplained offset and their sum (what the frontier's peaks are)."""
+    from mbridge_recompute.output import wrap
 
     ranks = r.estimate.ranks
     comps: dict = {}
     for rank in ranks:
         for k, v in rank.activations.items():
             comps[k] = comps.get(k, 0) + v
-    shown = [k for k, _ in sorted(comps.items(), key=lambda kv: -kv[1])][:6]
-    headers = ["pp rank", "static"] + list(shown)
-    if len(comps) > len(shown):
-        headers.append("other")
-    headers += ["saved total", "transient", "peak", "peak term"]
-    rows = []
-    for rank in ranks:
-        row = [rank.pp_rank, gb(rank.static_bytes)] + [gb(rank.activations.get(k, 0)) for k in shown]
-        if len(comps) > len(shown):
-            row.append(gb(sum(v for k, v in rank.activations.items() if k not in shown)))
-        row += [gb(rank.activation_bytes), gb(rank.transient_bytes), gb(rank.peak_bytes),
-                rank.peak_term]
-        rows.append(row)
-    return wrap(f"memory per pipeline rank in GB (current setting; hottest rank {r.hottest_pp_rank}): "
-                "static, saved activations by component and their total, the transient at the peak")\
-        + [table(headers, rows, "r" * (len(headers) - 1) + "l", free=-1)]
+    # the six largest components; one under 0.005 GB on every rank (0.00 in the table) is named
+    # in the title instead of taking a column
+    tiny = [c for c in comps if all(k.activations.get(c, 0) < 0.005 * GB for k in ranks)]
+    shown = [c for c, _ in sorted(comps.items(), key=lambda kv: -kv[1]) if c not in tiny][:6]
+    other = [c for c in comps if c not in shown and c not in tiny]
+    cal = r.calibration is not None and r.current is not None
+    spec = [("pp rank", "r", lambda k: k.pp_rank), ("static", "r", lambda k: gb(k.static_bytes))]
+    spec += [(c, "r", lambda k, c=c: gb(k.activations.get(c, 0))) for c in shown]
+    if other:
+        spec.append(("other", "r", lambda k: gb(sum(k.activations.get(c, 0) for c in other + tiny))))
+    spec += [("saved total", "r", lambda k: gb(k.activation_bytes)),
+             ("transient", "r", lambda k: gb(k.transient_bytes)),
+             ("model peak" if cal else "peak", "r", lambda k: gb(k.peak_bytes))]
+    if cal:
+        spec += [("offset", "r", lambda k: f"{r.current.offset(k.pp_rank) / GB:+.2f}"),
+                 ("peak", "r", lambda k: gb(k.peak_bytes + r.current.offset(k.pp_rank)))]
+    spec.append(("peak term", "l", lambda k: k.peak_term))
+    title = (f"memory per pipeline rank in GB (current setting; hottest rank {r.hottest_pp_rank}): "
+             "static, saved activations by component and their total, the transient at the peak"
+             + (f" (under 0.005 GB: {', '.join(tiny)})" if tiny and not other else "")
+             + ("; peak = the model's peak + the calibration's unexplained offset" if cal else ""))
+    return wrap(title) + [_columns(spec, ranks)]
 
 
 def _label_table(r) -> list:
-    from mbridge_recompute.output import table, wrap
+    from mbridge_recompute.output import wrap
 
     ranks = len(r.estimate.ranks) if r.per_rank else 0
-    offload = _offloading(r)
-    rows = []
-    for e in r.labels:
-        row = [e.label, "yes" if e.applicable else "no", gb(e.saving_bytes) if e.applicable else "-"]
-        row += [gb(e.rank_saving_bytes[k]) if e.applicable else "-" for k in range(ranks)]
-        row += [f"{e.cost_pct:.2f}" if e.applicable else "-"]
-        row += [f"{e.offload_pct:.2f}" if e.applicable else "-"] if offload else []
-        why = e.reason + (f"; adds memory: {e.adds}" if e.applicable and e.adds else "")
-        rows.append(row + [why])
-    headers = (["label", "applies", "saving GB"] + [f"rank {k}" for k in range(ranks)]
-               + ["replay %"] + (["offload %"] if offload else []) + ["why"])
+
+    def fig(value):                      # a figure of an applicable label, "-" otherwise
+        return lambda e: value(e) if e.applicable else "-"
+
+    spec = [("label", "l", lambda e: e.label), ("applies", "l", lambda e: "yes" if e.applicable else "no"),
+            ("saving GB", "r", fig(lambda e: gb(e.saving_bytes)))]
+    spec += [(f"rank {k}", "r", fig(lambda e, k=k: gb(e.rank_saving_bytes[k]))) for k in range(ranks)]
+    spec.append(("replay %", "r", fig(lambda e: f"{e.cost_pct:.2f}")))
+    if _offloading(r):
+        spec.append(("offload %", "r", fig(lambda e: f"{e.offload_pct:.2f}")))
+    spec.append(("why", "l", lambda e: e.reason + (f"; adds memory: {e.adds}"
+                                                    if e.applicable and e.adds else "")))
     return wrap("recompute labels (saving on the hottest rank vs the [] control"
-                + (", then on each pipeline rank)" if ranks else ")")) + [
-            table(headers, rows, "llr" + "r" * ranks + "r" + ("r" if offload else "") + "l", free=-1)]
+                + (", then on each pipeline rank)" if ranks else ")")) + [_columns(spec, r.labels)]
 
 
 def _alternatives_table(r) -> list:
@@ -298,34 +320,40 @@ def _alternatives_table(r) -> list:
 
 
 def _frontier_table(r) -> list:
-    from mbridge_recompute.output import table, wrap
+    from mbridge_recompute.output import wrap
 
     front = r.shown_frontier
     limit = r.top or TEXT_FRONTIER_ROWS
     ranks = len(r.estimate.ranks) if r.per_rank else 0
-    kind = [c.setting.kind for c in front[:limit]] if r.alternatives else None
-    offload = _offloading(r)
-    rows = [[c.name] + ([kind[i]] if kind else []) + [gb(c.peak_bytes)]
-            + [gb(c.rank_peak(k)) if k < len(c.rank_peaks) else "-" for k in range(ranks)]
-            + [f"{c.replay_pct:.2f}"]
-            + ([f"{c.offload_pct:.2f}", gb(c.host_bytes)] if offload else [])
-            + ([f"{c.cost_pct:+.2f}"] if r.alternatives else [])
-            + ["yes" if c.fits else "no", c.peak_term]
-            for i, c in enumerate(front[:limit])]
+    cal = r.calibration is not None
+    spec = [("candidate", "l", lambda c: c.name)]
+    if r.alternatives:
+        spec.append(("kind", "l", lambda c: c.setting.kind))
+    if cal:                              # peak = model + offset on the candidate's hottest rank
+        spec += [("model GB", "r", lambda c: gb(c.rank_peaks[c.hottest_pp_rank])),
+                 ("offset GB", "r", lambda c: f"{c.offset(c.hottest_pp_rank) / GB:+.2f}")]
+    spec.append(("peak GB", "r", lambda c: gb(c.peak_bytes)))
+    spec += [(f"rank {k}", "r", lambda c, k=k: gb(c.rank_peak(k)) if k < len(c.rank_peaks) else "-")
+             for k in range(ranks)]
+    spec.append(("replay %", "r", lambda c: pct(c.replay_pct)))
+    if _offloading(r):
+        spec += [("offload %", "r", lambda c: pct(c.offload_pct)),
+                 ("host GB", "r", lambda c: gb(c.host_bytes))]
+    if r.alternatives:
+        spec.append(("step %", "r", lambda c: pct(c.cost_pct, signed=True)))
+    spec += [("fits", "l", lambda c: "yes" if c.fits else "no"), ("peak term", "l", lambda c: c.peak_term)]
     more = len(front) - min(limit, len(front))
     dominated = sum(1 for c in r.candidates if c.dominated_by is not None)
     rejected = [c for c in r.candidates if not c.allowed]
-    extra = (["offload %", "host GB"] if offload else []) + (["step %"] if r.alternatives else [])
     out = wrap(f"frontier (peak vs {'modelled step' if r.alternatives else 'replay cost'}; "
                f"{dominated} dominated and {len(rejected)} rejected "
-               f"candidates not shown{f', {more} more points' if more > 0 else ''})") + [
-           table(["candidate"] + (["kind"] if kind else []) + ["peak GB"]
-                 + [f"rank {k}" for k in range(ranks)] + ["replay %"] + extra + ["fits", "peak term"],
-                 rows, "l" + ("l" if kind else "") + "r" + "r" * ranks + "r" + "r" * len(extra) + "ll",
-                 free=-1, breaks="@")]
+               f"candidates not shown{f', {more} more points' if more > 0 else ''})")
+    out.append(_columns(spec, front[:limit], breaks="@"))
     groups: dict = {}
     for c in rejected:
         groups.setdefault(", ".join(c.rejected_by), []).append(c.name)
+    if groups:
+        out.append("")
     for why, names in groups.items():
         shown_names = " ".join(names[:4]) + (f" and {len(names) - 4} more" if len(names) > 4 else "")
         out += wrap(f"rejected by {why}: {shown_names}", "  ", "    ")

@@ -36,7 +36,7 @@ def find(pricer) -> Found:
     for label, single in singles.items():
         saving = max((c - s for c, s in zip(control.rank_peaks, single.rank_peaks)), default=0)
         if saving <= floor:
-            notes.append(sentences.dropped(label, saving))
+            notes.append(sentences.dropped(next(e for e in effects if e.label == label), control))
             continue
         kept.append(single)
         if single.allowed:

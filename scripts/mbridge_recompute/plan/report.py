@@ -109,6 +109,9 @@ class Candidate:
                   "model_peak_bytes": int(self.model_peak_bytes) if m else None,
                   "hottest_pp_rank": self.hottest_pp_rank if m else None, "peak_term": self.peak_term,
                   "rank_peak_bytes": [int(self.rank_peak(r)) for r in ranks] if m else None,
+                  # the calibration's unexplained offset on the hottest rank (0 uncalibrated):
+                  # peak_bytes = the model's peak there + offset_bytes
+                  "offset_bytes": int(self.offset(self.hottest_pp_rank)) if m else None,
                   "rank_static_bytes": [int(x) for x in self.rank_static] if m else None,
                   "rank_offset_bytes": [int(self.offset(r)) for r in ranks] if m else None,
                   "cost_pct": round(self.cost_pct, 3),

@@ -49,9 +49,14 @@ def not_applicable(label: str, reason: str) -> str:
     return f"label {label}: not applicable ({reason})"
 
 
-def dropped(label: str, saving: int) -> str:
-    return (f"label {label}: dropped from the search, modelled saving at most {saving / GB:+.3f} GB "
-            "on any rank (no-op, negligible or adds memory)")
+def dropped(e, control) -> str:
+    """Why label effect `e` left the search, in the label table's figures: its saving on the []
+    control's hottest rank (the table's column) and its best on any rank (what the search judged)."""
+    best = max(range(len(e.rank_saving_bytes)), key=lambda r: (e.rank_saving_bytes[r], -r))
+    return (f"label {e.label}: dropped from the search: saves {e.saving_bytes / GB:+.2f} GB on the "
+            f"hottest rank (pp_rank {control.hottest_pp_rank}, the label table's figure) and at best "
+            f"{e.rank_saving_bytes[best] / GB:+.2f} GB on any rank (pp_rank {best}): a no-op, "
+            "negligible or adding memory")
 
 
 def rejected_alone(label: str, ids) -> str:
