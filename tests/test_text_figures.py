@@ -80,12 +80,18 @@ def tables(text: str) -> list:
             elif note and ln.startswith("      ") and len(re.findall(r"\S+(?: \S+)*", ln)) == 1:
                 # a moved cell's continuation: one run of words (a row has a run per cell)
                 rows[-1][note] += " " + ln.strip()
-            elif rows and (not ln[spans[0][0]:spans[0][1]].strip() or ln.startswith("@")):
+            elif rows and ln.startswith("@"):      # a candidate name continues before its `@`
+                rows[-1][heads[0]] += ln.strip()
+            elif re.fullmatch(r"\S+", ln) and len(ln) > spans[0][1]:
+                # a long candidate name on a line of its own above its row's figures
+                rows.append(dict.fromkeys(heads, ""))
+                rows[-1][heads[0]] = ln
+            elif rows and not ln[spans[0][0]:spans[0][1]].strip():
                 note = None
                 for (a, b), h in zip(spans, heads):
                     part = ln[a:b + (len(ln) if (a, b) == spans[-1] else 0)].strip()
-                    if part:        # a wrapped cell; a broken candidate name continues without a space
-                        rows[-1][h] += ("" if part.startswith("@") or part.startswith("::") else " ") + part
+                    if part:                       # a wrapped cell, or the figures under a long name
+                        rows[-1][h] = (rows[-1][h] + " " + part).strip()
             else:
                 note = None
                 rows.append({h: ln[a:b + (len(ln) if (a, b) == spans[-1] else 0)].strip()
@@ -180,10 +186,12 @@ def check_plan(text: str, j: dict) -> int:
         alts = _table(parsed, "alternatives beside recompute")
         assert len(alts) == len(j["alternatives"])
         for row, a in zip(alts, j["alternatives"]):
-            assert row["candidate"] == a["name"] and row["kind"] == a["kind"]
+            assert row["option"] == a["name"] and row["kind"] == a["kind"]
             assert row["frees GB"] == gb(a["frees_bytes"]) and row["peak GB"] == gb(a["peak_bytes"])
-            assert row["cost %"] == f"{a['cost_pct']:.2f}"
-            n += 3
+            assert row["replay %"] == f"{a['replay_pct']:.2f}"
+            assert row["step %"] == f"{a['cost_pct']:+.2f}"
+            assert row["fits"] == ("yes" if a["fits"] else "no")
+            n += 5
 
     flat = _words(text)
     assert f"budget: {gb(j['budget_bytes'])} GB per GPU" in flat

@@ -183,6 +183,18 @@ def table(headers: Sequence[str], rows: Iterable[Sequence[Any]], align: str | No
     natural = [max([len(h)] + [len(r[i]) for r in body]) for i, h in enumerate(headers)]
     if cols is None or _span(natural) <= cols:
         return _grid([[h] for h in headers], [[[c] for c in r] for r in body], natural, align)
+    whole, whole_widths = [list(r) for r in body], list(natural)    # for column blocks
+    # a breakable key (a candidate name) longer than a third of the line goes on a line of its
+    # own above its row, so no row carries a broken key beside its figures
+    above = [[] for _ in body]
+    if breaks and body:
+        inline = [len(r[0]) for r in body if len(r[0]) <= cols // 3]
+        key = max(inline + [len(w) for w in headers[0].split()] + [1])
+        for k, r in enumerate(body):
+            if len(r[0]) > key:
+                above[k] = _pack(r[0], cols, "", "", breaks)
+                body[k] = [""] + r[1:]
+        natural[0] = max(len(headers[0]), key)
     cells = [max([len(r[i]) for r in body] + [1]) for i in range(len(headers))]
     stacked = [max([cells[i]] + [len(w) for w in h.split()]) for i, h in enumerate(headers)]
     # the narrowest a column can be: its header's longest word, its cells' longest piece
@@ -218,14 +230,14 @@ def table(headers: Sequence[str], rows: Iterable[Sequence[Any]], align: str | No
             widths = fit(others, cols)
     keep = [i for i in range(len(headers)) if not (under and i == col)]
     if _span([widths[i] for i in keep]) > cols and len(keep) > 2:
-        return _blocks(headers, body, align, col, natural, breaks)
+        return _blocks(headers, whole, align, col, whole_widths, breaks)
     head = [_fill(headers[i], widths[i]) for i in keep]
     grid = [[_fill(r[i], widths[i], "" if i == col else breaks) for i in keep] for r in body]
     notes = None
     if under:
         notes = [wrap(f"{headers[col]}: {r[col]}", UNDER_INDENT) if r[col] else []
                  for r in body]
-    return _grid(head, grid, [widths[i] for i in keep], "".join(align[i] for i in keep), notes)
+    return _grid(head, grid, [widths[i] for i in keep], "".join(align[i] for i in keep), notes, above)
 
 
 def _blocks(headers: list, body: list, align: str, col: Optional[int], natural: list,
@@ -273,7 +285,8 @@ def _fill(text: str, columns: int, breaks: str | tuple = "") -> list[str]:
     return _pack(text, columns, "", "", breaks)
 
 
-def _grid(head: list, body: list, widths: list, align: str, notes: Optional[list] = None) -> str:
+def _grid(head: list, body: list, widths: list, align: str, notes: Optional[list] = None,
+          above: Optional[list] = None) -> str:
     """Lines of a table whose cells are lists of lines: headers bottom-aligned, cells top-aligned."""
     def fmt(cells: list) -> str:
         return "  ".join(c.rjust(w) if a == "r" else c.ljust(w)
@@ -287,6 +300,8 @@ def _grid(head: list, body: list, widths: list, align: str, notes: Optional[list
 
     lines = block(head, True) + ["  ".join("-" * w for w in widths)]
     for k, row in enumerate(body):
+        if above:
+            lines += above[k]
         lines += block(row, False)
         if notes:
             lines += notes[k]

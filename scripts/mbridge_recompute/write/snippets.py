@@ -193,12 +193,21 @@ def _env():
 
 
 def _render_text(fmt: str, setting) -> str:
-    text = _env().get_template(f"{fmt}.j2").render(f=written_fields(setting), title=_title(setting))
+    text = _env().get_template(f"{fmt}.j2").render(f=written_fields(setting), header=_header(setting))
     extra = _changes_text(fmt, setting)
     if extra:
         text += ("# Beside the recompute keys, the layout / offloading / optimizer change:\n"
                  if fmt == "python" else "  # beside the recompute keys:\n") + extra
     return text
+
+
+def _header(setting) -> str:
+    """The snippet's first comment, `# Activation recompute: TITLE`, in lines of 100 columns
+    (whitespace of any kind becomes a space, so no line of the title leaves the comment)."""
+    import textwrap
+
+    return "\n".join("# " + line for line in textwrap.wrap(
+        "Activation recompute: " + _title(setting), 98, break_long_words=False, break_on_hyphens=False))
 
 
 def _title(setting) -> str:
