@@ -24,7 +24,8 @@ from conftest import ROOT, SCRIPT_OF, SCRIPTS
 NAME = "mbridge-activation-recompute"
 SKILL = ROOT / "SKILL.md"
 REFERENCES = sorted((ROOT / "references").glob("*.md"))
-DOCS = [SKILL, ROOT / "README.md", *REFERENCES]
+CONTRIBUTING = ROOT / "CONTRIBUTING.md"
+DOCS = [SKILL, ROOT / "README.md", CONTRIBUTING, *REFERENCES]
 SPEC_KEYS = {"name", "description", "license", "compatibility", "metadata", "allowed-tools"}
 REQUIRED_REFERENCES = {"labels.md", "constraints.md", "memory-model.md", "harness-and-logs.md",
                        "evidence.md", "troubleshooting.md", "cli-reference.md"}
@@ -277,3 +278,30 @@ def test_license_is_the_apache_2_text():
     text = (ROOT / "LICENSE").read_text()
     assert "Apache License" in text and "Version 2.0, January 2004" in text
     assert "END OF TERMS AND CONDITIONS" in text
+
+
+# ---------------------------------------------------------------- maintainer guide
+
+RECIPES = ("Add a megatron-core release", "Add a recompute label", "Add a rule", "Add a GPU",
+           "Add an input format")
+
+
+def test_contributing_has_the_data_flow_and_a_recipe_for_each_change():
+    text = CONTRIBUTING.read_text()
+    headings = re.findall(r"^## (.+)$", text, flags=re.M)
+    assert "How the facts flow" in headings and set(RECIPES) <= set(headings)
+    assert "```" in text.split("## How the facts flow", 1)[1].split("\n## ", 1)[0]
+
+
+def test_every_file_the_maintainer_guide_names_exists():
+    """Paths in CONTRIBUTING.md are from the repository root, or from the package
+    (scripts/mbridge_recompute/) for its modules (`memory/tensors.py`)."""
+    text = CONTRIBUTING.read_text()
+    named = set(re.findall(r"`([\w./-]+\.(?:py|json|yaml|yml|sh|txt|md))", text))
+    named |= set(re.findall(r"`((?:tests|scripts)/[\w./-]+)`", text))
+    package = ROOT / "scripts" / "mbridge_recompute"
+    missing = []
+    for rel in sorted(named):
+        if not ((ROOT / rel).exists() or (package / rel).exists() or (package / "data" / rel).exists()):
+            missing.append(rel)
+    assert missing == [] and len(named) > 25
