@@ -322,3 +322,114 @@ def test_empty_option_values_exit_2_is_empty(argv, field):
     assert r.returncode == 2, (argv, r.stdout[-300:], r.stderr)
     err = _one_json(r.stdout)["error"]
     assert err["message"] == "is empty" and field in err["field"], err
+
+
+# ------------------------------------------------------------------ snippets are rendered, never pasted
+MOONLIGHT = EXAMPLES / "moonlight_16b.yaml"
+INJECTIONS = [
+    'moe_act@experimental_attention_variant=x"\nimport os; os.system("id") #',
+    "moe_act@experimental_attention_variant=x\nmodel:\n  recompute_granularity: full",
+    "moe_act@position_embedding_type=rope\r#",
+    "moe_act@position_embedding_type=rope\u2028x",
+    "moe_act@position_embedding_type=rope\u202ex",
+]
+
+
+@pytest.mark.parametrize("fmt", ["python", "yaml"])
+@pytest.mark.parametrize("candidate", INJECTIONS)
+def test_a_candidate_value_with_a_control_character_is_refused_not_written(tmp_path, fmt, candidate):
+    out = tmp_path / f"snippet.{'py' if fmt == 'python' else 'yaml'}"
+    r = run_script("config", MOONLIGHT, "--candidate", candidate, "--format", fmt, "--output", out, "--json")
+    assert r.returncode == 2, r.stderr
+    message = _one_json(r.stdout)["error"]["message"]
+    assert "control or invisible character" in message or "must be one of" in message
+    assert not out.exists()
+
+
+def test_a_string_field_takes_only_the_values_megatron_core_knows():
+    r = run_script("config", MOONLIGHT, "--candidate", "moe_act@experimental_attention_variant=x", "--json")
+    assert r.returncode == 2 and "must be one of" in _one_json(r.stdout)["error"]["message"]
+
+
+def _snippets(candidate: str) -> dict:
+    import contextlib
+    import io
+
+    from mbridge_recompute import cli
+
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(io.StringIO()):
+        with pytest.raises(SystemExit) as done:
+            cli.main(["config", str(MOONLIGHT), "--candidate", candidate, "--json"])
+    return done.value.code, out.getvalue()
+
+
+def test_snippet_values_are_written_by_repr_and_safe_dump_whatever_the_text():
+    """Any printable text in a string field reads back from the Python snippet (run) and the YAML
+    snippet (loaded) as exactly that text, and the comment stays one line."""
+    import types
+
+    import yaml
+    from hypothesis import HealthCheck, given, settings
+    from hypothesis import strategies as st
+
+    text = st.text(st.characters(blacklist_categories=("Cc", "Cf", "Cs", "Zl", "Zp"),
+                                 blacklist_characters="@"), min_size=1, max_size=30).filter(str.strip)
+
+    _, plain = _snippets("moe_act@position_embedding_type=rope")
+    reference = json.loads(plain)["formats"]
+
+    def shape(snippet: str) -> list:
+        """Every line but the title, up to its '=' or ':' (what a value could not change)."""
+        return [line.split("=")[0].split(":")[0] for line in snippet.splitlines()[1:]]
+
+    @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+    @given(text)
+    def check(value):
+        code, out = _snippets("moe_act@position_embedding_type=" + value)
+        if code == 2:                      # a value the field's coercion refuses: one error object
+            assert "error" in json.loads(out)
+            return
+        formats = json.loads(out)["formats"]
+        stub = types.SimpleNamespace(model=types.SimpleNamespace())
+        exec(compile(formats["python"], "<snippet>", "exec"), {"cfg": stub})   # noqa: S102
+        assert stub.model.position_embedding_type == value.strip()
+        assert yaml.safe_load(formats["yaml"])["model"]["position_embedding_type"] == value.strip()
+        for fmt in ("python", "yaml"):
+            assert shape(formats[fmt]) == shape(reference[fmt]), formats[fmt]
+
+    check()
+
+
+@pytest.mark.parametrize("change", ["recompute_granularity=full", "recompute_modules=mlp",
+                                    "recompute_method=block", "recompute_num_layers=2",
+                                    "distribute_saved_activations=true"])
+def test_a_candidate_changing_a_recompute_key_exits_2(change):
+    r = run_script("config", "--model", "llama3-8b", "--candidate", f"[]@{change}", "--json")
+    assert r.returncode == 2 and "Traceback" not in r.stderr
+    assert "is not a change" in _one_json(r.stdout)["error"]["message"]
+
+
+def test_write_config_writes_an_empty_offload_modules_list():
+    r = run_script("config", MOONLIGHT, "--candidate", "moe_act@offload_modules=[]", "--json")
+    assert r.returncode == 0, r.stderr
+    formats = _one_json(r.stdout)["formats"]
+    assert "cfg.model.offload_modules = []" in formats["python"]
+    assert "model.offload_modules=[]" in formats["overrides"]
+
+
+def test_set_changes_to_cuda_graph_and_offload_keys_appear_in_every_snippet():
+    r = run_script("config", MOONLIGHT, "--modules", "moe_act",
+                   "--set", "model.fine_grained_activation_offloading=true",
+                   "--set", "model.offload_modules=[core_attn]", "--json")
+    assert r.returncode == 0, r.stderr
+    formats = _one_json(r.stdout)["formats"]
+    assert "cfg.model.offload_modules = ['core_attn']" in formats["python"]
+    assert "fine_grained_activation_offloading: true" in formats["yaml"]
+    assert "model.offload_modules=[core_attn]" in formats["overrides"]
+    assert "model.fine_grained_activation_offloading=true" in formats["harness"]
+    r = run_script("config", MOONLIGHT, "--modules", "moe_act", "--mcore-version", "0.19.2",
+                   "--set", "model.cuda_graph_impl=transformer_engine",
+                   "--set", "model.cuda_graph_modules=[attn]", "--json")
+    assert r.returncode == 0, r.stderr
+    assert "model.cuda_graph_modules=[attn]" in _one_json(r.stdout)["formats"]["overrides"]

@@ -87,7 +87,7 @@ def test_alternative_candidates_round_trip_and_write_their_keys_in_every_format(
     assert doc["model"]["pipeline_model_parallel_layout"] == "Et*3|(t*4|)*3t*5L"
     assert doc["ddp"]["use_distributed_optimizer"] is True
     assert "model.pipeline_model_parallel_layout='Et*3|(t*4|)*3t*5L'" in out["overrides"]
-    assert "cfg.model.pipeline_model_parallel_layout = \"Et*3|(t*4|)*3t*5L\"" in out["python"]
+    assert "cfg.model.pipeline_model_parallel_layout = 'Et*3|(t*4|)*3t*5L'" in out["python"]
     assert out["mlm"][-3:] == ["--pipeline-model-parallel-layout", "Et*3|(t*4|)*3t*5L",
                                "--use-distributed-optimizer"]
 

@@ -113,7 +113,7 @@ class RecomputeSetting:
         kinds = []
         fields = {f for f, _ in self.changes}
         for field in sorted(fields):
-            k = CHANGE_KINDS.get(field, "layout")
+            k = CHANGE_KINDS.get(field) or SET_KINDS.get(field, "layout")
             if k == "vpp" and "pipeline_model_parallel_layout" in fields:
                 continue          # a layout sets VPP itself (its stages over PP)
             if k not in kinds:
@@ -156,14 +156,23 @@ class RecomputeSetting:
         return base
 
 
+# The keys the recompute part of a candidate sets; an '@' change may not name them.
+RECOMPUTE_KEYS = ("recompute_granularity", "recompute_modules", "recompute_method", "recompute_num_layers",
+                  "distribute_saved_activations")
 # The kind of change a Workload field makes, for the frontier's marks.
 CHANGE_KINDS = {"virtual_pipeline_model_parallel_size": "vpp", "pipeline_model_parallel_layout": "layout",
                 "num_layers_in_first_pipeline_stage": "layout", "num_layers_in_last_pipeline_stage": "layout",
                 "context_parallel_size": "cp", "use_distributed_optimizer": "optimizer",
-                "fine_grained_activation_offloading": "offload", "offload_modules": "offload"}
+                "fine_grained_activation_offloading": "offload", "offload_modules": "offload",
+                "cpu_offloading": "offload", "cpu_offloading_num_layers": "offload"}
+# A change no plan proposes but a user's --set carries into a snippet (commands/config.py)
+SET_KINDS = {"cuda_graph_impl": "cuda-graph", "cuda_graph_scope": "cuda-graph",
+             "cuda_graph_modules": "cuda-graph"}
 SHORT = {"virtual_pipeline_model_parallel_size": "vpp", "pipeline_model_parallel_layout": "layout",
          "context_parallel_size": "cp", "use_distributed_optimizer": "distopt",
-         "fine_grained_activation_offloading": "offload", "offload_modules": "mods"}
+         "fine_grained_activation_offloading": "offload", "offload_modules": "mods",
+         "cpu_offloading": "cpuoff", "cpu_offloading_num_layers": "cpuoffn", "cuda_graph_impl": "cg",
+         "cuda_graph_scope": "cgscope", "cuda_graph_modules": "cgmods"}
 
 
 def _token(value) -> str:
@@ -172,7 +181,7 @@ def _token(value) -> str:
     if value is None:
         return "null"
     if isinstance(value, (list, tuple)):
-        return "+".join(str(v) for v in value)
+        return "+".join(str(v) for v in value) if value else "[]"
     return str(value)
 
 
@@ -184,9 +193,14 @@ def _parse_change(part: str, text: str, where: str) -> tuple:
     field = field.strip()
     if not eq or field not in FIELDS:
         raise InputError(where, f"{text!r}: '@{part}' is not '@FIELD=VALUE' with a Workload field")
+    if field in RECOMPUTE_KEYS:
+        raise InputError(where, f"{text!r}: @{field} is not a change; the recompute part before '@' says it "
+                                "('[]', 'moe_act', 'uniform:2', 'block:4', 'none')")
     raw = raw.strip()
     if FIELDS[field].metadata.get("kind") == "labels":
-        return field, tuple(x for x in raw.split("+") if x)
+        # a list joins its items with '+'; '[]' (or nothing) is the empty list
+        items = [] if raw in ("[]", "") else [x for x in raw.strip("[]").split("+") if x]
+        return field, tuple(coerce(field, items, f"{where} {text!r}: @{field}"))
     low = raw.lower()
     if low in ("true", "false"):
         value = low == "true"

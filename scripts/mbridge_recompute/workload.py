@@ -144,7 +144,10 @@ class Workload:
     # hybrid models
     hybrid_override_pattern: Optional[str] = _f(None, origin=PROVIDER)
     """Bridge's layer pattern: M = Mamba, * = attention, - = MLP, E = MoE, G = GatedDeltaNet."""
-    experimental_attention_variant: Optional[str] = _f(None)
+    # megatron-core's Literal at every release, joined (transformer_config.py:250 @ core_v0.16.1,
+    # :294 @ megatron-core 0.19.2: gated_delta_net, dsa; :301 @ main adds gdn, gdn2); which one a
+    # release takes is the rules' call
+    experimental_attention_variant: Optional[Literal["gated_delta_net", "dsa", "gdn", "gdn2"]] = _f(None)
     """Linear-attention variants (gdn, gdn2 on main; gated_delta_net on 0.19)."""
     # --- implementation / backends ----------------------------------------------------------
     transformer_impl: Literal["transformer_engine", "local", "inference_optimized"] = _f("transformer_engine")

@@ -200,17 +200,39 @@ def _has_workload(args) -> bool:
     return has_workload(args)
 
 
-def check_setting(setting, args, version) -> dict:
+# Workload fields a --set may change that decide what the recompute setting does at run time
+# (CUDA graphs capture or skip recompute, offloading moves what recompute would keep): a --set
+# of one of them is part of the change, so every snippet writes it (the printed config is the
+# whole change that was checked).
+SNIPPET_SET_FIELDS = ("cuda_graph_impl", "cuda_graph_scope", "cuda_graph_modules", "cpu_offloading",
+                      "cpu_offloading_num_layers", "fine_grained_activation_offloading", "offload_modules")
+
+
+def with_set_changes(setting, args, base):
+    """`setting` with the SNIPPET_SET_FIELDS the --set options changed, at the values the loaded
+    workload `base` holds for them (coerced and checked like every field)."""
+    from mbridge_recompute.inputs.loading import parse_override
+
+    fields = {}
+    for text in getattr(args, "sets", None) or ():
+        key, _ = parse_override(text)
+        leaf = key.rsplit(".", 1)[-1]
+        if leaf in SNIPPET_SET_FIELDS and leaf not in dict(setting.changes):
+            fields[leaf] = getattr(base, leaf)
+    return setting.with_changes(**fields) if fields else setting
+
+
+def check_setting(setting, args, version, base=None) -> dict:
     """Put the setting into the workload as the snippet writes it, and check it."""
     from mbridge_recompute.rules import check_workload
     from mbridge_recompute.write.snippets import written_fields
 
-    given = _has_workload(args)
-    if given:
+    given = base is not None or _has_workload(args)
+    if base is None and given:
         from mbridge_recompute.inputs.loading import load_from_args
 
         base = load_from_args(args, version)
-    else:
+    elif base is None:
         base = baseline_workload(setting)
     w = setting.apply(base.replace(**written_fields(setting)))   # the layout changes too
     report = check_workload(w, validator="builtin", version=version)
@@ -250,6 +272,12 @@ def run(args) -> int:
     release = args.release
     setting = setting_from_args(args, release)
     out_path = _output_path(args)
+    base = None
+    if _has_workload(args):
+        from mbridge_recompute.inputs.loading import load_from_args
+
+        base = load_from_args(args, release)
+        setting = with_set_changes(setting, args, base)
     fields = snippets.written_fields(setting)
     wanted = None
     if not args.json or out_path:
@@ -259,7 +287,7 @@ def run(args) -> int:
             raise InputError("--format", f"{exc.fmt} cannot express {setting.describe()}: "
                              f"{exc.reason}") from None
 
-    check = check_setting(setting, args, release)
+    check = check_setting(setting, args, release, base)
     report: dict = {"ok": check["ok"], "setting": fields, "name": setting.slug(),
                     "description": setting.describe(), "check": check}
     if not check["ok"]:

@@ -120,6 +120,8 @@ def _coerce_type(hint, value: Any, where: str, meta) -> Any:
             bad = [v for v in value if not isinstance(v, str) or not v.strip()]
             if bad:
                 raise InputError(where, f"entries must be non-empty strings, got {bad[0]!r}")
+            for v in value:
+                _plain_text(v, where)
             return [v.strip() for v in value]
         if meta.get("kind") == "layer-mask" and not all(
                 isinstance(v, int) and not isinstance(v, bool) and v in (0, 1) for v in value):
@@ -158,8 +160,21 @@ def _coerce_type(hint, value: Any, where: str, meta) -> Any:
     if hint is str:
         if not isinstance(value, str):
             raise InputError(where, f"must be a string, got {short(value)}")
-        return value
+        return _plain_text(value, where)
     raise TypeError(f"Workload field type {hint!r} has no reader")   # a new field needs one
+
+
+def _plain_text(value: str, where: str) -> str:
+    """A field's text without control, format or line-separator characters: the snippets write it
+    into Python and YAML, where a newline or a right-to-left override would change what a reader
+    sees or runs."""
+    import unicodedata
+
+    for ch in value:
+        if unicodedata.category(ch) in ("Cc", "Cf", "Cs", "Zl", "Zp"):
+            raise InputError(where, f"holds a control or invisible character (U+{ord(ch):04X}); a field's "
+                                    "value is plain text")
+    return value
 
 
 def short(value: Any) -> str:

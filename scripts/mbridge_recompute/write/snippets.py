@@ -78,39 +78,66 @@ def written_fields(setting) -> dict:
 
 
 def _py(value) -> str:
-    """A Python literal (double-quoted strings, as Bridge recipes write them)."""
-    if value is None or isinstance(value, bool):
-        return repr(value)
-    if isinstance(value, int):
-        return str(value)
-    if isinstance(value, str):
-        return '"' + value + '"'
+    """A Python literal, written by `repr` (never pasted: a value cannot end the string it is in)."""
     if isinstance(value, (list, tuple)):
         return "[" + ", ".join(_py(v) for v in value) + "]"
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return repr(value)
     raise TypeError(f"cannot write {value!r} as a Python literal")
 
 
 def _scalar(value) -> str:
-    """A YAML / Hydra scalar or flow list: null, true, 4, selective, [a, b]."""
+    """A Hydra override value: null, true, 4, selective, [a,b]; a string that would read as
+    something else (a number, null, a layout with '|' or '*') is quoted. Checked by reading it back
+    with the override grammar (runs/harness_argv.parse_value)."""
+    from mbridge_recompute.runs.harness_argv import parse_value
+
+    text = _hydra_text(value)
+    if _plain(parse_value(text)) != _plain(value):
+        raise NotExpressible("overrides", f"{value!r} cannot be written as a Hydra override value")
+    return text
+
+
+def _plain(value):
+    return [_plain(v) for v in value] if isinstance(value, (list, tuple)) else value
+
+
+def _hydra_text(value) -> str:
     if value is None:
         return "null"
     if isinstance(value, bool):
         return "true" if value else "false"
-    if isinstance(value, int):
-        return str(value)
+    if isinstance(value, (int, float)):
+        return repr(value)
     if isinstance(value, str):
-        if re.fullmatch(r"[A-Za-z0-9_.\-/]+", value):
+        words = ("null", "true", "false", "inf", "nan")       # these would read as another type
+        if re.fullmatch(r"[A-Za-z_][A-Za-z0-9_.\-/]*", value) and value.lower() not in words:
             return value
-        # a layout string ('Et*3|(tt|)*6tmL'): quoted, as YAML and Hydra's override grammar read it
-        return "'" + value.replace("'", "''") + "'"
+        if "\\" in value or ("'" in value and '"' in value):
+            raise NotExpressible("overrides", f"{value!r} holds a backslash or both quote characters")
+        quote = '"' if "'" in value else "'"
+        return quote + value + quote
     if isinstance(value, (list, tuple)):
-        return "[" + ",".join(_scalar(v) for v in value) + "]"
+        return "[" + ",".join(_hydra_text(v) for v in value) + "]"
     raise TypeError(f"cannot write {value!r} as a scalar")
 
 
 def _yaml_value(value) -> str:
-    """A value as the YAML formats write it: a flow list with a space after each comma."""
-    return _scalar(value).replace(",", ", ")
+    """A value as the YAML formats write it, by `yaml.safe_dump` (flow lists, one line)."""
+    import yaml
+
+    # dumped inside a one-item flow list, which keeps a scalar on one line with no document-end
+    # marker; the brackets are then taken off again
+    text = yaml.safe_dump([_plain(value)], default_flow_style=True, width=2**31 - 1, allow_unicode=False)
+    text = text.rstrip("\n")[1:-1]
+    if "\n" in text:
+        raise NotExpressible("yaml", f"{value!r} does not fit one YAML line")
+    return text
+
+
+def comment(text: str) -> str:
+    """`text` for a comment line: one line, every character that is not printable escaped."""
+    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in str(text))
 
 
 # The fields an alternative changes whose Megatron-LM flag is renamed (arguments.py @ core_v0.16.1);
@@ -145,7 +172,7 @@ def _changes_text(fmt: str, setting) -> str:
         return "".join(f"cfg.{sec}.{f} = {_py(v)}\n" for sec, f, v in rows)
     # YAML: the model keys continue the template's model block; other sections follow, once each
     def line(f, v):
-        return f"  {f}: {_yaml_value(v) if isinstance(v, list) else _scalar(v)}\n"
+        return f"  {f}: {_yaml_value(v)}\n"
     out = "".join(line(f, v) for sec, f, v in rows if sec == "model")
     for section in dict.fromkeys(sec for sec, _, _ in rows if sec != "model"):
         out += f"{section}:\n" + "".join(line(f, v) for sec, f, v in rows if sec == section)
@@ -207,13 +234,14 @@ def _header(setting) -> str:
     import textwrap
 
     return "\n".join("# " + line for line in textwrap.wrap(
-        "Activation recompute: " + _title(setting), 98, break_long_words=False, break_on_hyphens=False))
+        "Activation recompute: " + comment(_title(setting)), 98, break_long_words=False,
+        break_on_hyphens=False))
 
 
 def _title(setting) -> str:
     if getattr(setting, "changes", ()):
         return _title(setting.recompute) + "; with " + ", ".join(
-            f"{f}={_scalar(v)}" for _, f, v in changed_fields(setting) if _ != "optimizer")
+            f"{f}={_py(v)}" for _, f, v in changed_fields(setting) if _ != "optimizer")
     if setting.granularity is None:
         return "off (no activation recompute)"
     if setting.granularity == "full":
