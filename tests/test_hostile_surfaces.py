@@ -380,8 +380,12 @@ def test_snippet_values_are_written_by_repr_and_safe_dump_whatever_the_text():
     reference = json.loads(plain)["formats"]
 
     def shape(snippet: str) -> list:
-        """Every line but the title, up to its '=' or ':' (what a value could not change)."""
-        return [line.split("=")[0].split(":")[0] for line in snippet.splitlines()[1:]]
+        """Every line after the title comment (which wraps), up to its '=' or ':' (what a value
+        could not change); the title's own lines are all comments."""
+        lines = snippet.splitlines()
+        body = lines.index("# Every recompute key is set, so values from the recipe cannot leak through.")
+        assert all(line.startswith("# ") for line in lines[:body])
+        return [line.split("=")[0].split(":")[0] for line in lines[body:]]
 
     @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
     @given(text)
