@@ -8,7 +8,12 @@ bare `python -c "import megatron.core.transformer.transformer_config"` in the sa
 interpreter, run as many times. A figure, not a pass/fail test; the targets are under 1 s and
 under 0.2x that bare import; with --alternatives, under 2 s.
 
-    .venv/bin/python benchmarks/speed.py [--repeat 5]
+Then the search cost on deep stages (the full-recompute candidates once grew with the
+layers of one pipeline stage and each was priced in O(layers)): 1000 and 4000 layers on one
+stage, 1000 with --alternatives, and 10 000 layers at PP 100 with --alternatives, each the
+child's CPU seconds (user + system) and wall time, killed at --deep-timeout.
+
+    .venv/bin/python benchmarks/speed.py [--repeat 5] [--scripts DIR] [--deep-timeout 300]
 """
 
 from __future__ import annotations
@@ -43,12 +48,55 @@ PROBE = (
 )
 
 
+SCRIPTS = ROOT / "scripts"
+
+
+def _stage(layers: int, pp: str = "") -> str:
+    return (f"model:\n  num_layers: {layers}\n  hidden_size: 1024\n  num_attention_heads: 16\n"
+            + pp)
+
+
+# (what, workload YAML, extra plan arguments)
+DEEP = [
+    ("1000 layers, one stage", _stage(1000), []),
+    ("4000 layers, one stage", _stage(4000), []),
+    ("1000 layers, one stage, --alternatives", _stage(1000), ["--alternatives"]),
+    ("10 000 layers at PP 100, --alternatives",
+     _stage(10000, "  pipeline_model_parallel_size: 100\ncluster: {num_gpus: 100}\n"), ["--alternatives"]),
+]
+
+
+def deep_once(yaml_text: str, extra: list[str], timeout: float) -> dict:
+    """One plan of a deep workload: the child's CPU and wall seconds, or the timeout."""
+    import tempfile
+
+    env = dict(os.environ)
+    env.pop("PYTHONPATH", None)
+    with tempfile.NamedTemporaryFile("w", suffix=".yaml", delete=False) as f:
+        f.write(yaml_text)
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    t0 = time.perf_counter()
+    try:
+        proc = subprocess.run([sys.executable, str(SCRIPTS / "plan.py"), f.name, *extra, "--json"],
+                              capture_output=True, text=True, env=env, stdin=subprocess.DEVNULL,
+                              timeout=timeout)
+        rc = proc.returncode
+        cands = len(json.loads(proc.stdout).get("candidates", [])) if rc in (0, 1) else None
+    except subprocess.TimeoutExpired:
+        rc, cands = None, None
+    wall = time.perf_counter() - t0
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    os.unlink(f.name)
+    cpu = (after.ru_utime + after.ru_stime) - (before.ru_utime + before.ru_stime)
+    return {"rc": rc, "wall_s": wall, "cpu_s": cpu, "candidates": cands}
+
+
 def run_once(extra: list[str]) -> dict:
     env = dict(os.environ)
     env.pop("PYTHONPATH", None)
     before = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
     t0 = time.perf_counter()
-    proc = subprocess.run([sys.executable, "-c", PROBE, str(ROOT / "scripts" / "plan.py"),
+    proc = subprocess.run([sys.executable, "-c", PROBE, str(SCRIPTS / "plan.py"),
                            *WORKLOAD_ARGS, *extra, "--json"],
                           capture_output=True, text=True, cwd=ROOT, env=env, stdin=subprocess.DEVNULL)
     wall = time.perf_counter() - t0
@@ -84,7 +132,7 @@ def import_breakdown(top: int = 6) -> list[tuple[str, float]]:
     """Cumulative import time (ms) of the heaviest top-level modules, from `python -X importtime`."""
     env = dict(os.environ)
     env.pop("PYTHONPATH", None)
-    proc = subprocess.run([sys.executable, "-X", "importtime", str(ROOT / "scripts" / "plan.py"),
+    proc = subprocess.run([sys.executable, "-X", "importtime", str(SCRIPTS / "plan.py"),
                            *WORKLOAD_ARGS, "--json"], capture_output=True, text=True, cwd=ROOT, env=env,
                           stdin=subprocess.DEVNULL)
     cumulative = {}
@@ -101,9 +149,18 @@ def import_breakdown(top: int = 6) -> list[tuple[str, float]]:
 
 
 def main(argv=None) -> int:
+    global SCRIPTS
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--repeat", type=int, default=5)
+    ap.add_argument("--scripts", type=Path, default=SCRIPTS,
+                    help="the scripts/ folder to time (another checkout's, for a before/after)")
+    ap.add_argument("--deep-timeout", type=float, default=300.0)
+    ap.add_argument("--deep-only", action="store_true", help="only the deep-stage search cost")
     args = ap.parse_args(argv)
+    SCRIPTS = args.scripts.resolve()
+    if args.deep_only:
+        deep(args.deep_timeout)
+        return 0
     runs = [run_once([]) for _ in range(max(1, args.repeat))]
     first = runs[0]
     if first["rc"] not in (0, 1):
@@ -133,7 +190,19 @@ def main(argv=None) -> int:
         print("  bare import: megatron-core is not installed in this interpreter")
     print("  heaviest imports (cumulative ms, one run): "
           + ", ".join(f"{name} {ms:.0f}" for name, ms in import_breakdown()))
+    deep(args.deep_timeout)
     return 0
+
+
+def deep(timeout: float) -> None:
+    print(f"search cost on deep stages ({SCRIPTS}; one run each, killed after {timeout:g} s):")
+    for what, text, extra in DEEP:
+        r = deep_once(text, extra, timeout)
+        if r["rc"] is None:
+            print(f"  {what}: > {timeout:g} s wall (killed), {r['cpu_s']:.1f} s CPU by then")
+        else:
+            print(f"  {what}: {r['cpu_s']:.2f} s CPU, {r['wall_s']:.2f} s wall, exit {r['rc']}, "
+                  f"{r['candidates']} candidates")
 
 
 if __name__ == "__main__":
