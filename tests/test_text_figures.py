@@ -194,6 +194,9 @@ def check_plan(text: str, j: dict) -> int:
             n += 5
 
     flat = _words(text)
+    wl = j["workload"]
+    assert f"precision: {wl['precision']}; {wl['precision_from']}" in flat
+    assert f"DP{wl['dp']} on {wl['num_gpus']} GPU" in flat and wl["parallelism_from"] in flat
     assert f"budget: {gb(j['budget_bytes'])} GB per GPU" in flat
     cur = j["current"]
     assert f"current setting {cur['describe']}: predicted peak {gb(cur['peak_bytes'])} GB" in flat
@@ -272,3 +275,43 @@ def test_a_table_printed_in_column_blocks_still_shows_the_json_figures():
     assert check_plan(text, j) > 16 * 7
     labels = _table(tables(text), "recompute labels")
     assert all(f"rank {k}" in labels[0] for k in range(16))
+
+
+def _hf_config(tmp_path):
+    src = json.loads((EXAMPLES.parent / "tests" / "fixtures" / "hf_configs"
+                      / "meta-llama--Meta-Llama-3-8B.json").read_text())["config"]
+    assert src["torch_dtype"] == "bfloat16"          # a bf16 checkpoint
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(src))
+    return path
+
+
+def test_the_first_lines_say_where_precision_and_parallelism_came_from(tmp_path):
+    """--hf-config reads the architecture only: a bf16 checkpoint plans in fp32 on one GPU
+    unless --set says otherwise, and the first lines say so."""
+    cfg = _hf_config(tmp_path)
+    _, text = _invoke("plan", "--hf-config", cfg)
+    head = _words("\n".join(text.splitlines()[:6]))
+    assert "precision: fp32 (neither bf16 nor fp16 set); no input sets it: megatron-core's default" in head
+    assert "--set model.bf16=true" in head
+    assert "on 1 GPU (one data-parallel replica); no input sets them: defaults" in head
+    args = ("plan", "--hf-config", cfg, "--set", "model.bf16=true", "--set",
+            "model.tensor_model_parallel_size=2", "--set", "cluster.num_gpus=8")
+    _, text = _invoke(*args)
+    wl = json.loads(_invoke(*args, "--json")[1])["workload"]
+    assert wl["precision_from"] == "from --set"
+    assert wl["parallelism_from"] == "TP, GPUs from --set; PP, VPP, CP, EP: defaults"
+    head = _words("\n".join(text.splitlines()[:6]))
+    assert f"precision: bf16; {wl['precision_from']}" in head
+    assert f"on 8 GPUs; {wl['parallelism_from']}" in head
+
+
+def test_a_set_value_is_credited_to_set_and_the_rest_to_the_file():
+    from mbridge_recompute.inputs.loading import load_workload
+
+    w = load_workload(str(EXAMPLES / "moonlight_16b.yaml"), ["model.context_parallel_size=2"])
+    assert w.origins["context_parallel_size"] == "--set"
+    assert w.origins["tensor_model_parallel_size"] == str(EXAMPLES / "moonlight_16b.yaml")
+    assert "virtual_pipeline_model_parallel_size" not in w.origins      # its default
+    dump = load_workload(str(EXAMPLES / "bridge_dump_llama3_8b.yaml"))
+    assert dump.bf16 and dump.origins["bf16"] == str(EXAMPLES / "bridge_dump_llama3_8b.yaml")

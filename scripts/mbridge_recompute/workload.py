@@ -282,6 +282,10 @@ class Workload:
     not_modelled: list[str] = _f([], section="", origin=OURS)
     """`section.field=value` of the input that can change memory and that the memory model does not
     represent (inputs/fields.py); check and plan name them."""
+    origins: dict = _f({}, section="", origin=OURS)
+    """Field name -> the input that set it (`--set`, the workload file, `--hf-config`, a catalog
+    model, ...); a field absent here took `defaults_source`'s default. The plan's first lines
+    say where precision and parallelism came from."""
     extra_model: dict = _f({}, section="", origin=OURS)
     """Model-section keys that are real MCore/Bridge fields but not Workload fields; passed to the
     live validator unchanged, and read by the memory model where noted (memory/shape.py)."""
@@ -375,8 +379,8 @@ def hybrid_kinds(pattern: str) -> list:
     return [HYBRID_KINDS[c] for c in pattern if c in HYBRID_KINDS]
 
 
-# the fields an input can set: every one with a section (defaults_source, not_modelled and
-# extra_model are bookkeeping the loader fills)
+# the fields an input can set: every one with a section (defaults_source, not_modelled, origins
+# and extra_model are bookkeeping the loader fills)
 FIELDS = {f.name: f for f in dataclasses.fields(Workload) if f.metadata["section"]}
 FIELD_NAMES = frozenset(FIELDS)
 

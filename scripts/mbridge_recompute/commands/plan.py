@@ -146,9 +146,10 @@ def render_text(r) -> str:
         "" if wl["num_gpus_given"] else " (one data-parallel replica)")
     head = [f"workload: {wl['num_layers']} layers, hidden {wl['hidden_size']}; "
             f"defaults: {DEFAULTS.get(wl['defaults_source'], wl['defaults_source'])}",
-            f"  precision: {wl['precision']}",
+            f"  precision: {wl['precision']}; {wl['precision_from']}",
             f"  parallelism: TP{wl['tp']} PP{wl['pp']} VPP{wl['vpp']} CP{wl['cp']} EP{wl['ep']} "
-            f"DP{wl['dp']} on {gpus}; seq {wl['seq_length']}, MBS {wl['micro_batch_size']}, "
+            f"DP{wl['dp']} on {gpus}; {wl['parallelism_from']}",
+            f"  batch: seq {wl['seq_length']}, MBS {wl['micro_batch_size']}, "
             f"{wl['num_microbatches']} micro-batches",
             f"  attention {wl['attention_backend']} ({CORES[wl['attention_core']]}); "
             f"fusions: {', '.join(wl['fusions']) or 'none'}",

@@ -111,6 +111,14 @@ def _apply_overrides(data: dict, overrides: Iterable[str]) -> None:
         data[section][name] = value
 
 
+def _took(origins: dict, piece: dict, label: str) -> dict:
+    """Note `label` as the source of every field the sections of `piece` set; returns `piece`."""
+    for body in piece.values() if isinstance(piece, dict) else ():
+        if isinstance(body, dict):
+            origins.update((key, label) for key in body if isinstance(key, str))
+    return piece
+
+
 def _merge(base: dict, top: dict) -> dict:
     out = {k: (dict(v) if isinstance(v, dict) else v) for k, v in base.items()}
     for k, v in top.items():
@@ -226,23 +234,26 @@ def load_workload(path: str | None = None, sets: Iterable[str] = (), model: str 
     dump, which logs/rundir.py reads once for every use)."""
     sets = list(sets)
     data: dict = {}
+    origins: dict = {}               # field -> the input that set it (Workload.origins)
     source: Optional[str] = None
     if default and not (path or model or hf_config or recipe or mlm_args is not None):
         data = _read_yaml(DATA / "default_workload.yaml", "default workload")
+        _took(origins, data, "the embedded default workload")
     if model:
         from mbridge_recompute.inputs import catalog
 
-        data = _merge(data, catalog.model_sections(model))
+        data = _merge(data, _took(origins, catalog.model_sections(model), f"catalog model {model}"))
     if hf_config:
         from mbridge_recompute.inputs import hf_config as hf
 
-        data = _merge(data, {"model": hf.model_fields(Path(hf_config))})
+        data = _merge(data, _took(origins, {"model": hf.model_fields(Path(hf_config))}, "--hf-config"))
     if recipe:
         from mbridge_recompute.inputs import recipe as recipes
 
         sets, bridge_sets = split_recipe_sets(sets)
         text = recipes.build_yaml(recipe, bridge_sets)
-        data = _merge(data, read_yaml_text(text, f"--recipe {recipe}"))
+        data = _merge(data, _took(origins, read_yaml_text(text, f"--recipe {recipe}"),
+                                  f"--recipe {recipe}"))
         source = "bridge"
     mlm_notes: list[str] = []
     if mlm_args is not None:
@@ -251,18 +262,23 @@ def load_workload(path: str | None = None, sets: Iterable[str] = (), model: str 
         parsed = mlm.sections(mlm_args, mcore_version)
         info = parsed.pop("_mlm")
         mlm_notes = [f"{flag} (a Megatron-LM flag the conversion does not read)" for flag in info["unread"]]
-        data = _merge(data, parsed)
+        data = _merge(data, _took(origins, parsed, "--mlm-args"))
         source = "megatron-lm"
     if path:
         doc = copy.deepcopy(document) if document is not None else _read_yaml(Path(path), path)
-        data = _merge(data, doc)
+        data = _merge(data, _took(origins, doc, path))
     source = _source_of(data, path or "", source)
     from mbridge_recompute.inputs import bridge
 
     runtime_notes: list[str] = []
     if source == "bridge" or bridge.is_dump(data):
         runtime_notes = bridge.as_run(data, path or (f"--recipe {recipe}" if recipe else ""))
+        # what Bridge's runtime update derives (the mixed-precision recipe's bf16, ...) is the dump's
+        _took(origins, {k: {f: None for f in v if f not in origins} for k, v in data.items()
+                        if isinstance(v, dict)}, path or f"--recipe {recipe}")
     _apply_overrides(data, sets)
+    for text in sets:
+        _took(origins, {"": {_override_path(parse_override(text)[0])[1]: None}}, "--set")
     runtime_notes += bridge.normalise_model(data)
     _apply_defaults(data, source)
     provider = bridge.provider_family(data)
@@ -275,7 +291,7 @@ def load_workload(path: str | None = None, sets: Iterable[str] = (), model: str 
             raise InputError(where, f"must be an integer from 0 to num_layers={n}, got {values.short(value)}")
         fields["moe_layer_freq"] = [0] * value + [1] * (n - value)
     fields.update(_hybrid_layers(fields, extra, mcore_version))
-    workload = Workload(**fields, extra_model=extra, defaults_source=source,
+    workload = Workload(**fields, extra_model=extra, defaults_source=source, origins=origins,
                         not_modelled=sorted(set(runtime_notes + notes + mlm_notes)))
     validate(workload, releases.resolve(mcore_version))
     return workload

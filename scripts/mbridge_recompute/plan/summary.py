@@ -21,6 +21,41 @@ def precision(w) -> str:
     return base
 
 
+PRECISION_FIELDS = ("bf16", "fp16", "fp8", "fp8_recipe", "fp8_param", "fp4")
+PARALLELISM_FIELDS = {"TP": "tensor_model_parallel_size", "PP": "pipeline_model_parallel_size",
+                      "VPP": "virtual_pipeline_model_parallel_size", "CP": "context_parallel_size",
+                      "EP": "expert_model_parallel_size", "GPUs": "num_gpus"}
+WHOSE = {"mcore": "megatron-core's", "bridge": "Bridge's", "megatron-lm": "Megatron-LM's"}
+
+
+def precision_from(w) -> str:
+    """Which inputs set the precision, or whose default it is (a Hugging Face config's
+    torch_dtype is not read: a bf16 checkpoint plans in fp32 unless model.bf16 is set)."""
+    origins = getattr(w, "origins", None) or {}
+    given = sorted({origins[f] for f in PRECISION_FIELDS if f in origins})
+    if given:
+        return "from " + ", ".join(given)
+    return (f"no input sets it: {WHOSE.get(w.defaults_source, w.defaults_source)} default "
+            "(--set model.bf16=true for bf16)")
+
+
+def parallelism_from(w) -> str:
+    """Which inputs set TP, PP, VPP, CP, EP and the GPU count; the rest are defaults."""
+    origins = getattr(w, "origins", None) or {}
+    by: dict = {}
+    for label, name in PARALLELISM_FIELDS.items():
+        by.setdefault(origins.get(name), []).append(label)
+    rest = by.pop(None, [])
+    if not by:
+        return ("no input sets them: defaults (--set model.tensor_model_parallel_size=N, "
+                "cluster.num_gpus=N, ...)")
+    parts = [src if len(by) == 1 and not rest else f"{', '.join(labels)} from {src}"
+             for src, labels in by.items()]
+    if len(parts) == 1 and not rest:
+        return "from " + parts[0]
+    return "; ".join(parts + ([f"{', '.join(rest)}: defaults"] if rest else []))
+
+
 def fusions_on(w) -> list:
     """The memory-relevant fusions switched on (Workload fields or model keys)."""
     extra = w.extra_model if isinstance(w.extra_model, dict) else {}
@@ -47,7 +82,8 @@ def workload_summary(w, setting: RecomputeSetting) -> dict:
             "num_gpus": gpus, "num_gpus_given": w.num_gpus is not None,
             "gpu_memory_gb": w.gpu_memory_gb, "gpu_capacity_bytes": capacity(w).bytes,
             "gpu_capacity": capacity(w).how, "recompute": setting.describe(),
-            "precision": precision(w), "attention_backend": w.attention_backend,
+            "precision": precision(w), "precision_from": precision_from(w),
+            "parallelism_from": parallelism_from(w), "attention_backend": w.attention_backend,
             "attention_core": attention_core(w), "transformer_impl": w.transformer_impl,
             "fusions": fusions_on(w),
             "defaults_source": getattr(w, "defaults_source", None) or "mcore"}
