@@ -437,3 +437,45 @@ def test_set_changes_to_cuda_graph_and_offload_keys_appear_in_every_snippet():
                    "--set", "model.cuda_graph_modules=[attn]", "--json")
     assert r.returncode == 0, r.stderr
     assert "model.cuda_graph_modules=[attn]" in _one_json(r.stdout)["formats"]["overrides"]
+
+
+# ------------------------------------------------------------------ plan -> run_harness --from-plan
+HARNESS_ARGS = ["-m", "llama3", "-mr", "llama3_70b", "-gb", "32", "-sl", "4096", "-ng", "32"]
+
+
+@pytest.mark.parametrize("workload", [[], ["--model", "deepseek-v3"], [EXAMPLES / "nemotron_3_nano.yaml"],
+                                      [EXAMPLES / "llama3_70b_fp8.yaml"]])
+def test_the_plans_own_candidates_run_through_from_plan(tmp_path, workload):
+    plan = run_script("plan", *workload, "--alternatives", "--json", timeout=300)
+    assert plan.returncode in (0, 1), plan.stderr
+    (tmp_path / "p.json").write_text(plan.stdout)
+    wanted = json.loads(plan.stdout)["harness_candidates"]
+    r = run_script("harness", "--from-plan", tmp_path / "p.json", "--json", "--", *HARNESS_ARGS, timeout=120)
+    assert r.returncode == 0, r.stderr
+    from mbridge_recompute.setting import RecomputeSetting
+
+    runs = {run["name"]: run for run in _one_json(r.stdout)["runs"]}
+    for candidate in wanted:               # every candidate is a run, and its changes are in its argv
+        setting = RecomputeSetting.parse(candidate)
+        run = runs[setting.slug()]
+        for field, _ in setting.changes:
+            assert any(t.startswith(f"model.{field}=") for t in run["argv"]), (candidate, run["argv"])
+
+
+def test_two_candidates_that_differ_only_in_a_change_are_two_runs():
+    r = run_script("harness", "--candidates", "moe_act@context_parallel_size=2",
+                   "moe_act@context_parallel_size=4", "--json", "--", *HARNESS_ARGS)
+    assert r.returncode == 0, r.stderr
+    assert len(_one_json(r.stdout)["runs"]) == 3          # the control, and the two
+
+
+def test_a_candidate_given_twice_names_itself_not_another():
+    r = run_script("harness", "--candidates", "moe_act@context_parallel_size=2",
+                   "moe_act@context_parallel_size=2", "--", *HARNESS_ARGS)
+    assert r.returncode == 1 and "'moe_act@context_parallel_size=2' is given twice" in r.stderr
+    assert "label order" not in r.stderr
+
+
+def test_a_passthrough_flag_that_a_candidate_change_sets_is_refused():
+    r = run_script("harness", "--candidates", "[]@context_parallel_size=2", "--", *HARNESS_ARGS, "-cp", "1")
+    assert r.returncode == 1 and "'-cp 1' fights candidate" in r.stderr

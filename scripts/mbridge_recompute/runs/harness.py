@@ -270,9 +270,11 @@ def _known_labels() -> set:
 
 
 def _key(s: RecomputeSetting):
-    """What makes two settings the same run: labels as a set (MCore tests membership)."""
+    """What makes two settings the same run: labels as a set (MCore tests membership), and the
+    layout / offloading / optimizer changes an alternative makes beside them (`[]` and
+    `[]@context_parallel_size=2` are two runs)."""
     mods = None if s.modules is None else frozenset(s.modules)
-    return (s.granularity, mods, s.method, s.num_layers, s.distribute_saved_activations)
+    return (s.granularity, mods, s.method, s.num_layers, s.distribute_saved_activations, s.changes)
 
 
 def _unique(settings: list, where: str) -> list:
@@ -289,7 +291,8 @@ def _unique(settings: list, where: str) -> list:
     for s in settings:
         k = _key(s)
         if k in seen:
-            same = "" if seen[k] == s else f" as {seen[k].candidate()!r} (label order does not matter)"
+            same = "" if seen[k].candidate() == s.candidate() else \
+                f" as {seen[k].candidate()!r} (label order does not matter)"
             raise Rejected(where, f"candidate {s.candidate()!r} is given twice{same}")
         seen[k] = s
     if not settings:
@@ -437,6 +440,14 @@ def build_sweep(repo: Optional[str], settings: Sequence[RecomputeSetting], passt
     # the passthrough read once, as the release's rank reads it (argparse, then Hydra)
     hargv = HarnessArgv.parse(passthrough, facts.key)
     hydra_only = hargv.use_recipes
+    for s in settings:
+        for name, _ in s.changes:
+            given = hargv.last("--" + name)
+            if given is not None:
+                # the candidate writes the change as a Hydra override, and the rank applies its flags
+                # after Hydra (run_script.py:76-79 @ v0.6.0): the flag would silently win
+                raise Rejected("harness arguments", f"{given.text!r} fights candidate {s.candidate()!r}, "
+                                                    f"which sets {name} per run; leave the flag out")
     if launcher == "slurm":
         entry = SETUP_EXPERIMENT
     else:
