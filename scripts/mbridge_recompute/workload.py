@@ -38,6 +38,7 @@ TRAINING = "Bridge TrainingConfig"
 DDP = "DistributedDataParallelConfig"
 OPTIMIZER = "OptimizerConfig"
 COMM_OVERLAP = "Bridge CommOverlapConfig -> TransformerConfig"
+BRIDGE = "Bridge ConfigContainer"
 OURS = "ours"
 
 
@@ -276,6 +277,15 @@ class Workload:
     'total capacity' of an out-of-memory message)."""
     te_version: Optional[str] = _f(None, section="cluster", kind="version", origin=OURS)
     """Transformer Engine on the training nodes, if known (decides the TE-gated rules)."""
+    # --- Megatron Bridge's own sections: what ConfigContainer.validate() and the provider check -
+    check_for_nan_in_loss: Optional[bool] = _f(None, section="rerun_state_machine", origin=BRIDGE)
+    """rerun_state_machine.check_for_nan_in_loss; None when the input does not say (Bridge's
+    default is true, which it refuses with full-iteration CUDA graphs)."""
+    te_rng_tracker: Optional[bool] = _f(None, section="rng", origin=BRIDGE)
+    """rng.te_rng_tracker; Bridge turns model.use_te_rng_tracker on with it (and the reverse)."""
+    env_vars: dict = _f({}, section="env_vars", origin=BRIDGE)
+    """Bridge 0.6's env_vars: environment defaults the run sets before validating (its recipes put
+    NVTE_CPU_OFFLOAD_V1 here); the launch environment itself is not in the config."""
     defaults_source: Literal["mcore", "bridge", "megatron-lm"] = _f("mcore", section="", origin=OURS)
     """Whose defaults the unset fields took: mcore (TransformerConfig's), bridge (a Bridge model
     provider's) or megatron-lm (pretrain_gpt.py's arguments); inputs/defaults.py holds the tables."""

@@ -70,8 +70,16 @@ def constraint_at(cid: str, key: str) -> Optional[dict]:
             out["params"].update(ch.get("params") or {})
     out["at"] = c["at"][key]
     out["release"] = key
-    out["citation"] = citation(c["at"][key], key)
+    out["citation"] = _cite(c, key)
     return out
+
+
+def _cite(c: dict, key: str) -> str:
+    """A Megatron Bridge rule's line is in the Bridge release `bridge` names (its `at` is keyed by
+    the megatron-core release that Bridge release pins); every other line is megatron-core's."""
+    if c.get("bridge"):
+        return f"{c['at'][key]} @ megatron-bridge {c['bridge'][key]}"
+    return citation(c["at"][key], key)
 
 
 def message_variants(cid: str) -> list[tuple]:
@@ -84,8 +92,8 @@ def message_variants(cid: str) -> list[tuple]:
 
 def citations(cid: str, keys: list) -> str:
     """`file:line @ tag` of `cid` in each of `keys`, joined."""
-    at = constraint(cid)["at"]
-    return "; ".join(citation(at[k], k) for k in keys if k in at)
+    c = constraint(cid)
+    return "; ".join(_cite(c, k) for k in keys if k in c["at"])
 
 
 def citation(location: str, key: str) -> str:

@@ -26,8 +26,8 @@ EXCEPTIONS = {"ValueError", "AssertionError", "TypeError", "NotImplementedError"
               "IndexError", "NameError", "RuntimeError", "ImportError"}
 SEVERITIES = {"error", "warning", "info"}
 # where a rule bites: TransformerConfig, Megatron-LM training arguments, the first forward,
-# nowhere (a label that silently does nothing), or guidance without an upstream check
-CONSTRAINT_KINDS = {"config", "training-args", "runtime", "silent-no-op", "advice"}
+# nowhere (a label that silently does nothing), Megatron Bridge's own validation, or guidance
+CONSTRAINT_KINDS = {"config", "training-args", "runtime", "silent-no-op", "advice", "bridge"}
 EVIDENCE_KINDS = {"matched_sweep", "capacity_sweep", "historical"}
 CAPACITY_KINDS = {"cited", "derived"}
 _CC = re.compile(r"^\d+\.\d+$")
@@ -182,6 +182,13 @@ def validate(card: Any) -> list[str]:
         c.field(e, "params", "map", p, required=False)
         # where Transformer Engine raises it, for a rule TE decides (file:line @ TE tag)
         c.field(e, "te_source", "str", p, required=False)
+        # a Bridge rule: the Megatron Bridge release whose line each `at` entry cites
+        if e.get("kind") == "bridge" and c.field(e, "bridge", "map", p):
+            if set(e["bridge"]) != set(e.get("at") or {}):
+                c.bad(f"{p}.bridge", "needs one Bridge release for every release in `at`")
+            for key, rel in e["bridge"].items():
+                if not _type_ok(rel, "str"):
+                    c.bad(f"{p}.bridge.{key}", f"expected a Bridge release, got {rel!r}")
         if c.field(e, "changes", "list", p, required=False):
             for j, ch in enumerate(e["changes"]):
                 cp = f"{p}.changes[{j}]"

@@ -33,6 +33,7 @@ KIND_TITLES = {
     "runtime": "At model build or in the first forward",
     "silent-no-op": "Accepted, but does nothing",
     "advice": "No upstream check: what the setting means",
+    "bridge": "Megatron Bridge's own validation (`ConfigContainer.validate()`, the model provider)",
 }
 
 

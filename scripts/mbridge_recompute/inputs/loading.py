@@ -180,12 +180,15 @@ def _sections_to_fields(data: dict, provider: Optional[str]) -> tuple[dict, dict
     out: dict[str, Any] = {}
     extra: dict[str, Any] = {}
     notes: list[str] = []
-    read = ("model", "train", "ddp", "optimizer", "comm_overlap", "cluster")
+    read = ("model", "train", "ddp", "optimizer", "comm_overlap", "cluster", "rerun_state_machine", "rng")
     bridge_sections = upstream_fields.sections()
     for section in data:
         if not isinstance(section, str):
             raise InputError("workload", f"section names must be text, got {values.short(section)}")
         if section in read or section in OURS_TOP or section.startswith("_"):
+            continue
+        if section == "env_vars":
+            out["env_vars"] = _env_vars(data[section])
             continue
         if section in bridge_sections or section in OLD_SECTIONS:
             body = data[section]
@@ -223,6 +226,25 @@ def _sections_to_fields(data: dict, provider: Optional[str]) -> tuple[dict, dict
         if section != "cluster":
             notes += upstream_fields.not_modelled(section, body, provider)
     return out, extra, notes
+
+
+def _env_vars(body) -> dict:
+    """Bridge 0.6's `env_vars:` (name -> scalar), as the text the process environment gets
+    (apply_environment_variables, training/config.py:1832-1850 @ megatron-bridge 0.6.2)."""
+    if body is None:
+        return {}
+    if not isinstance(body, dict):
+        raise InputError("env_vars", "must be a mapping of environment variable names to values")
+    out = {}
+    for name, value in body.items():
+        if not isinstance(name, str) or not name:
+            raise InputError("env_vars", f"names must be non-empty text, got {values.short(name)}")
+        if isinstance(value, bool):
+            value = str(value)
+        if not isinstance(value, (str, int, float)):
+            raise InputError(f"env_vars.{name}", f"must be a scalar, got {values.short(value)}")
+        out[name] = str(value)
+    return out
 
 
 def load_workload(path: str | None = None, sets: Iterable[str] = (), model: str | None = None,

@@ -16,10 +16,11 @@ is an error. `validator`:
 - "auto": live when megatron-core is installed, else builtin.
 
 The report's `validator` says which one answered. Finding ids are card
-constraint ids, except three the live validator alone emits: `mcore-config-error`
+constraint ids, except four the live validator alone emits: `mcore-config-error`
 (TransformerConfig raised something no card constraint describes),
-`mcore-warning` (an unmapped config warning, info) and
-`bridge-validation-unavailable` (Megatron Bridge not importable, info).
+`mcore-warning` (an unmapped config warning, info), `bridge-validation-unavailable`
+(Megatron Bridge not importable, info) and `bridge-validation-not-decided` (Bridge's own
+validation raised something no card rule describes, or needed a GPU).
 """
 
 from __future__ import annotations

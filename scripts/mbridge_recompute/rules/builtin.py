@@ -1170,6 +1170,86 @@ def _inside_capture(s: State):
                    disables=tuple((lb, "all") for lb in hit))
 
 
+# ================================================================== Megatron Bridge's own checks
+# What Bridge refuses that megatron-core accepts: ConfigContainer.validate() (run by
+# runtime_config_update before training) and GPTModelProvider.provide(). They hold for a Bridge
+# run, not for Megatron-LM's own training script; Bridge stops at the first that fails, in this
+# order (training/config.py:1261-1374 @ megatron-bridge 0.6.2, then gpt_provider.py:233).
+BRIDGE_ORDER = ("bridge-local-cuda-graph-needs-full-iteration",
+                "bridge-fine-grained-offloading-needs-te-impl",
+                "bridge-fine-grained-offloading-needs-nvte-cpu-offload-v1",
+                "bridge-full-iteration-graph-with-nan-check", "bridge-cuda-graphs-need-te-rng-tracker")
+
+
+def _bridge_run(s: State) -> bool:
+    return s.w.defaults_source != "megatron-lm"
+
+
+@rule("bridge-local-cuda-graph-needs-full-iteration")
+def _bridge_local_graph(s: State):
+    if not _bridge_run(s) or s.w.cuda_graph_impl != "local" or s.full_iteration:
+        return None
+    inference = set(_names(s.extra.get("inference_cuda_graph_scope")))
+    if not s.scopes and inference & {"layer", "block"}:
+        return None            # a local inference graph (utils/cuda_graph.py:141-144)
+    shown = f" with scopes {s.scopes}" if s.scopes else ""
+    upstream = card.constraint_at("bridge-local-cuda-graph-needs-full-iteration", s.version)["message"] \
+        .format(config_name="model", modules_msg=shown)
+    return Hit("cuda_graph_impl=local " + (f"capturing {_fmt(s.scopes)}" if s.scopes else "whole layers")
+               + ": megatron-core accepts it, Megatron Bridge takes local graphs for full-iteration "
+               "capture only", upstream=upstream)
+
+
+@rule("bridge-fine-grained-offloading-needs-te-impl")
+def _bridge_fg_impl(s: State):
+    if _bridge_run(s) and s.w.fine_grained_activation_offloading \
+            and s.w.transformer_impl != "transformer_engine":
+        return Hit(f"fine-grained offloading with transformer_impl={s.w.transformer_impl}: Megatron "
+                   "Bridge offloads with the Transformer Engine layers only")
+
+
+@rule("bridge-fine-grained-offloading-needs-nvte-cpu-offload-v1")
+def _bridge_fg_env(s: State):
+    if not (_bridge_run(s) and s.w.fine_grained_activation_offloading
+            and s.w.transformer_impl == "transformer_engine"):
+        return None
+    since = s.params("bridge-fine-grained-offloading-needs-nvte-cpu-offload-v1")["from_te"]
+    if s.te_min(since) is False:
+        return None
+    if str(s.w.env_vars.get("NVTE_CPU_OFFLOAD_V1", "")) == "1":
+        return None
+    te = f"Transformer Engine {s.te_shown()}" if s.te is not None else \
+        f"Transformer Engine >= {since} (the version on the training nodes is unknown)"
+    return Hit(f"fine-grained offloading with {te}: Megatron Bridge refuses it unless "
+               "NVTE_CPU_OFFLOAD_V1=1 is set, and the config's env_vars do not set it")
+
+
+@rule("bridge-full-iteration-graph-with-nan-check")
+def _bridge_nan(s: State):
+    if not (_bridge_run(s) and s.graphs and s.full_iteration):
+        return None
+    if s.w.check_for_nan_in_loss is False:
+        return None
+    if s.w.check_for_nan_in_loss is None:
+        return Hit("full-iteration CUDA graphs and rerun_state_machine.check_for_nan_in_loss not given: "
+                   "Bridge's default (true) is refused with them", severity="warning")
+    return Hit("full-iteration CUDA graphs with rerun_state_machine.check_for_nan_in_loss=true")
+
+
+@rule("bridge-cuda-graphs-need-te-rng-tracker")
+def _bridge_rng(s: State):
+    if not (_bridge_run(s) and s.graphs) or s.w.hybrid_override_pattern:
+        return None          # HybridModelProvider.provide() has no such check
+    model = s.extra.get("use_te_rng_tracker")
+    if s.w.te_rng_tracker or model:
+        return None
+    if s.w.te_rng_tracker is None and model is None:
+        return Hit(f"cuda_graph_impl={s.impl} and neither rng.te_rng_tracker nor "
+                   "model.use_te_rng_tracker given: Bridge refuses to build the model without it",
+                   severity="warning")
+    return Hit(f"cuda_graph_impl={s.impl} with rng.te_rng_tracker and model.use_te_rng_tracker off")
+
+
 # ------------------------------------------------------------------ offloads upstream skips
 # Each switches the offload off in the memory model: ("offload:MODULE", "all"), memory/offload.py.
 def _offloaded(s: State) -> set:

@@ -276,9 +276,10 @@ def check(w, version: Optional[str] = None, te_version: Optional[str] = None) ->
                                 "Set cluster.te_version to decide it.")
             findings.append(f)
 
+    bridge_live_runs = bridge_available() and w.defaults_source != "megatron-lm"
     for f in ev.findings:
-        if f["id"] in live_ids:
-            continue
+        if f["id"] in live_ids or (bridge_live_runs and f["kind"] == "bridge"):
+            continue           # Bridge's own checks are decided by Bridge below
         if f["kind"] == "config":
             order = card.order_in(f["id"], target)
             masked = out.exc_type is not None and (raised_at is None or order is None or order > raised_at)
@@ -299,12 +300,15 @@ def check(w, version: Optional[str] = None, te_version: Optional[str] = None) ->
             "transformer_config.py:1544-1552 @ core_v0.16.1"))
 
     extra = {"mcore_version": installed}
-    if bridge_available():
-        findings.extend(_bridge_findings(w))
+    if bridge_live_runs:
+        findings.extend(_bridge_findings(w, target, ev))
+    elif w.defaults_source == "megatron-lm":
+        pass                   # Megatron-LM's training script: Bridge's checks do not apply
     else:
         findings.append({"id": "bridge-validation-unavailable", "severity": "info",
                          "message": "Megatron Bridge is not importable here, so ConfigContainer "
-                                    "validation did not run; megatron-core's TransformerConfig did.",
+                                    "validation did not run; megatron-core's TransformerConfig did, "
+                                    "and Bridge's own checks come from the built-in table.",
                          "fix": "run the check where Megatron Bridge (and Transformer Engine) is "
                                 "installed to add Bridge's own validation",
                          "source": "live", "upstream_message": "", "citation": "", "kind": "bridge"})
@@ -315,26 +319,46 @@ TE_GATED = frozenset({"fp8-moe-act-layernorm-needs-te-2-6", "moe-fp8-needs-te-1-
                       "moe-fp8-grouped-gemm-needs-te-1-11"})
 
 
-def _bridge_findings(w) -> list:
-    """Bridge's model-provider finalize (the model part of ConfigContainer.validate).
+def _bridge_findings(w, key: str, ev) -> list:
+    """Megatron Bridge's own validation, run for real (rules/bridge_live.py): the check Bridge
+    raised is decided by Bridge, the Bridge checks after it come from the built-in table (Bridge
+    stopped before them), the ones before it passed."""
+    from mbridge_recompute.rules import bridge_live
 
-    Runs only where Megatron Bridge imports (it needs Transformer Engine); this
-    machine cannot, so this path is exercised on the training nodes only.
-    """
     try:
-        from megatron.bridge.models.gpt_provider import GPTModelProvider
-    except Exception as exc:   # noqa: BLE001 - Bridge import failures are environment facts
+        out = bridge_live.run(w)
+    except Exception as exc:   # noqa: BLE001 - Bridge import or build failures are environment facts
         return [{"id": "bridge-validation-unavailable", "severity": "info",
-                 "message": f"Megatron Bridge did not import: {type(exc).__name__}: {exc}",
+                 "message": f"Megatron Bridge's validation could not run: {type(exc).__name__}: {exc}",
                  "fix": "", "source": "live", "upstream_message": "", "citation": "", "kind": "bridge"}]
-    _, kwargs = config_kwargs(w)
-    names = {f.name for f in dataclasses.fields(GPTModelProvider)}
-    try:
-        provider = GPTModelProvider(**{k: v for k, v in kwargs.items() if k in names})
-        provider.finalize()
-    except Exception as exc:   # noqa: BLE001
-        return [{"id": "bridge-validation-error", "severity": "error",
-                 "message": f"Bridge GPTModelProvider.finalize raised {type(exc).__name__}: {exc}",
-                 "fix": "see the upstream message", "source": "live", "upstream_message": str(exc),
-                 "citation": "megatron/bridge/models/gpt_provider.py", "kind": "bridge"}]
-    return []
+    state, cid, exc_type = bridge_live.verdict(out, key)
+    builtin_bridge = [f for f in ev.findings if f["kind"] == "bridge"]
+    order = bridge_live.bridge_ids(key)
+    if state != "reject":
+        # accepted (or stopped by megatron-core's own config, reported above): Bridge's checks
+        # that come before the config's finalize ran; the built-in table has the rest
+        if state == "mcore":
+            return [dict(f, message=f["message"] + " (from the built-in table: megatron-core's config "
+                         "stopped Bridge's validation first)") for f in builtin_bridge]
+        return []
+    said = (f"Megatron Bridge's {'validation' if out.stage == 'validate' else 'model provider'} raised "
+            f"{exc_type}: {out.exc_message}")
+    if cid is None:
+        # a check no card rule describes, of a container whose other sections the checker wrote
+        # itself, or one that needs the GPU stack (the flex dispatcher asks the CUDA driver,
+        # training/flex_dispatcher_backend.py:88-109 @ megatron-bridge 0.6.2): not decided here
+        gpu = bool(re.search(r"NVIDIA driver|CUDA|cuda", out.exc_message or ""))
+        note = {"id": "bridge-validation-not-decided", "severity": "info" if gpu else "warning",
+                "message": f"{said} - {'it needs a GPU here' if gpu else 'no card rule describes it'}; "
+                           "Bridge's checks after it come from the built-in table",
+                "fix": "run the check on a training node" if gpu else "see the upstream message",
+                "source": "live", "upstream_message": out.exc_message,
+                "citation": f"{out.where} (installed megatron-bridge)", "kind": "bridge"}
+        return [note, *[dict(b, message=b["message"] + " (from the built-in table)") for b in builtin_bridge]]
+    base = next((f for f in builtin_bridge if f["id"] == cid), None)
+    f = finding(cid, "live", key, base["message"] if base else said, upstream=out.exc_message)
+    f["raises"] = exc_type
+    f["first"] = True
+    after = [dict(b, message=b["message"] + " (from the built-in table: Bridge stopped before this check)")
+             for b in builtin_bridge if b["id"] in order and order.index(b["id"]) > order.index(cid)]
+    return [f, *after]
