@@ -237,3 +237,18 @@ def test_every_card_study_workload_ships_as_package_data():
 
     names = [e["workload"] for e in card.load()["evidence"] if e.get("workload")]
     assert names and all(study_workload(n).is_file() for n in names)
+
+
+def test_a_dp_change_keeps_the_global_batch_when_the_workload_sets_none():
+    """Without a global batch a workload runs MBS x DP samples a step; CP 2 (or PP x 2) at the
+    same GPU count halves DP, and the step was compared at half the batch: -49 % 'cost', which
+    the cost-decomposes invariant refused. The option now pins the batch it had."""
+    w = Workload(num_layers=32, hidden_size=4096, num_attention_heads=32, num_query_groups=8,
+                 ffn_hidden_size=14336, bf16=True, tensor_model_parallel_size=8,
+                 pipeline_model_parallel_size=4, num_gpus=64, vocab_size=128256)
+    assert w.global_batch_size is None
+    r = plan(w, alternatives=True).to_dict()
+    cp = [c for c in r["candidates"] if "context_parallel_size" in (c.get("changes") or {})]
+    assert cp and all(c["changes"]["global_batch_size"] == 2 and c["cp_pct"] > 0 for c in cp)
+    pp = [c for c in r["candidates"] if "pipeline_model_parallel_size" in (c.get("changes") or {})]
+    assert all(c["changes"]["global_batch_size"] == 2 for c in pp)

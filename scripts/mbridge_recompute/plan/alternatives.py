@@ -91,6 +91,15 @@ def _layout_options(w, pl, rank_peaks: list) -> list:
     return out
 
 
+def _same_batch(w) -> dict:
+    """A change of the data-parallel size keeps the global batch: a workload that does not
+    set one runs MBS x DP samples a step, so the option pins that figure (otherwise it would
+    compare steps of different batches)."""
+    if w.global_batch_size is not None:
+        return {}
+    return {"global_batch_size": w.micro_batch_size * w.data_parallel_size}
+
+
 def _pp_options(w, version: str) -> list:
     """PP x 2 and PP / 2 at the same GPU count, where megatron-core can lay the layers out."""
     from mbridge_recompute.placement import place
@@ -111,7 +120,7 @@ def _pp_options(w, version: str) -> list:
         gbs = w.global_batch_size or w.micro_batch_size * w.data_parallel_size
         if gbs % (w.micro_batch_size * dp):
             continue
-        change = {"pipeline_model_parallel_size": new}
+        change = {"pipeline_model_parallel_size": new, **_same_batch(w)}
         for field in ("num_layers_in_first_pipeline_stage", "num_layers_in_last_pipeline_stage"):
             if getattr(w, field) is not None:
                 change[field] = None
@@ -135,7 +144,7 @@ def _cp_options(w) -> list:
         gbs = w.global_batch_size or w.micro_batch_size * w.data_parallel_size
         if gbs % (w.micro_batch_size * dp):
             continue
-        out.append({"context_parallel_size": c})
+        out.append({"context_parallel_size": c, **_same_batch(w)})
     return out
 
 
