@@ -171,7 +171,8 @@ def main(argv=None) -> int:
         if ev["id"] in STUDIES:
             rows += study_rows(ev)
     sel = selection_rows()
-    costs = [dict(c._asdict(), far_above=c.far_above) for c in evidence.checks()]
+    costs = [dict(c._asdict(), architecture=str(c.architecture), far_above=c.far_above)
+             for c in evidence.checks()]
     if args.json:
         print(json.dumps({"rows": rows, "selection": sel, "cost": costs,
                           "measured_peaks": measured_peaks.rows()}, indent=2))

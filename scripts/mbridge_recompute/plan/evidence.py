@@ -7,6 +7,12 @@ whose measured cost is far above the model somewhere (more than 3x, and more tha
 percentage point) is flagged in every plan's label table: the plan's cost for it is likely an
 underestimate. Measured times are step_time_ms, or 1/TFLOP/s per GPU where only throughput is
 given.
+
+A measurement is quoted only to a workload of the same architecture class (`architecture`): the
+layer mix (plain transformer, or a Mamba / GDN hybrid), the attention (GQA, which includes MHA,
+or MLA) and the MLP (dense or MoE). What a label replays differs between classes (an MLA up-
+projection, a grouped-GEMM expert, a Mamba mixer), so a Moonlight (MLA + MoE) step time says
+nothing about a dense Llama's.
 """
 
 from __future__ import annotations
@@ -20,8 +26,38 @@ FAR_RATIO = 3.0
 FAR_POINTS = 1.0
 
 
+class Architecture(NamedTuple):
+    """A workload's architecture class: what a recompute label replays depends on it."""
+    mixer: str                        # "transformer", "Mamba hybrid", "GDN hybrid", "Mamba + GDN hybrid"
+    attention: str                    # "GQA" (MHA is GQA with one head per group), "MLA", "MLA + DSA", "none"
+    mlp: str                          # "dense", "MoE"
+
+    def __str__(self) -> str:
+        return " ".join(([self.mixer] if self.mixer != "transformer" else []) + [self.mlp, self.attention])
+
+
+def architecture(w) -> Architecture:
+    """The architecture class of workload `w`, from its layer kinds and attention fields."""
+    kinds = set(w.layer_kinds())
+    linear = {"mamba": "Mamba", "gdn": "GDN"}
+    hybrid = [name for kind, name in linear.items() if kind in kinds]
+    if getattr(w, "experimental_attention_variant", None) in ("gated_delta_net", "gdn", "gdn2") \
+            and "GDN" not in hybrid:
+        hybrid.append("GDN")
+    has_attention = any(k.startswith("attn") for k in kinds)
+    if not has_attention:
+        attention = "none"
+    elif w.multi_latent_attention:
+        attention = "MLA + DSA" if w.experimental_attention_variant == "dsa" else "MLA"
+    else:
+        attention = "GQA"
+    mlp = "MoE" if any("moe" in k for k in kinds) else "dense"
+    return Architecture(" + ".join(hybrid) + " hybrid" if hybrid else "transformer", attention, mlp)
+
+
 class CostCheck(NamedTuple):
     evidence: str
+    architecture: Architecture        # the study's workload's class
     label: Optional[str]              # the label the pair differs by (None: a set against [])
     base: tuple                       # the row's modules it is measured against
     setting: tuple
@@ -81,12 +117,14 @@ def checks() -> tuple:
                 extra = set(mods) - set(base)
                 if set(base) <= set(mods) and (len(extra) == 1 or (not base and mods)):
                     label = next(iter(extra)) if len(extra) == 1 else None
-                    out.append(CostCheck(ev["id"], label, base, mods, 100.0 * (t / t0 - 1),
-                                         cost(mods) - cost(base), approx or approx0))
+                    out.append(CostCheck(ev["id"], architecture(w), label, base, mods,
+                                         100.0 * (t / t0 - 1), cost(mods) - cost(base),
+                                         approx or approx0))
     return tuple(out)
 
 
-def far_above(label: str) -> list:
-    """The checks where `label`'s measured cost is far above the model."""
-    return [c for c in checks() if c.far_above and (c.label == label or (c.label is None
-                                                                          and c.setting == (label,)))]
+def far_above(label: str, arch: Architecture) -> list:
+    """The checks, on workloads of class `arch`, where `label`'s measured cost is far above the
+    model."""
+    return [c for c in checks() if c.far_above and c.architecture == arch
+            and (c.label == label or (c.label is None and c.setting == (label,)))]

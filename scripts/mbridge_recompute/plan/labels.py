@@ -15,7 +15,7 @@ from mbridge_recompute.memory.recompute import modules_of
 from mbridge_recompute.memory.shape import shape_of
 from mbridge_recompute.memory.tensors import layer_bytes, layer_tensors
 from mbridge_recompute.memory.types import DEFAULT_KNOBS
-from mbridge_recompute.plan.evidence import far_above
+from mbridge_recompute.plan.evidence import architecture, far_above
 from mbridge_recompute.plan.pricing import Pricer
 from mbridge_recompute.plan.report import Candidate, LabelEffect
 from mbridge_recompute.rules.findings import errors
@@ -122,7 +122,7 @@ def evaluate_labels(pricer: Pricer, control: Candidate) -> tuple[list, dict]:
         if partial is not None:
             drops += f"; partly switched off ({partial['id']}): {partial['message']}"
             mods = modules_of(setting.apply(w), single.disabled)
-        measured = tuple(c.sentence() for c in far_above(label))
+        measured = tuple(c.sentence() for c in far_above(label, architecture(w)))
         if measured:
             drops += "; its measured cost was far above the model: " + "; ".join(measured)
         saving = tuple(c - s for c, s in zip(control.rank_peaks, single.rank_peaks))

@@ -73,7 +73,10 @@ def workload_summary(w, setting: RecomputeSetting) -> dict:
 
     gpus = w.num_gpus or w.model_parallel_size
     split = place(w)
+    from mbridge_recompute.plan.evidence import architecture
+
     return {"num_layers": w.num_layers, "hidden_size": w.hidden_size,
+            "architecture": str(architecture(w)),
             "tp": w.tensor_model_parallel_size, "pp": w.pipeline_model_parallel_size,
             "vpp": len(split.chunks[0]) if split.ok else w.vpp,
             "cp": w.context_parallel_size, "ep": w.expert_model_parallel_size,
