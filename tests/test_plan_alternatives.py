@@ -37,6 +37,16 @@ def test_bubble_fraction_is_p_minus_1_over_v_m(p, v, m, expected):
     assert bubble_fraction(p, v, m) == pytest.approx(expected, rel=1e-12)
 
 
+@pytest.mark.parametrize("p, v, m, expected", [(4, 8, 1, 3.0), (4, 1, 1, 3.0), (4, 2, 2, 1 + 1 / 4),
+                                               (4, 1, 2, 3 / 2)])
+def test_with_fewer_micro_batches_than_stages_interleaving_cannot_hide_the_bubble(p, v, m, expected):
+    """One micro-batch crosses all p x v virtual stages alone: VPP 8 leaves PP 4's bubble at
+    300 % (the (p-1)/(v*m) formula, which assumes m >= p, said 37.5 %)."""
+    assert bubble_fraction(p, v, m) == pytest.approx(expected, rel=1e-12)
+    if m < p:
+        assert bubble_fraction(p, v, m) >= bubble_fraction(p, v, p)
+
+
 def test_vpp_10_shortens_the_llama3_70b_step_by_the_bubble_alone():
     """TP4 PP4 VPP5, 16 micro-batches: (1 + 3/160) / (1 + 3/80) - 1 = -1.807 %."""
     w = RecomputeSetting.off().apply(load_workload(str(LLAMA)))

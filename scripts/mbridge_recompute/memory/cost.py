@@ -196,10 +196,17 @@ class StepCost(NamedTuple):
 def bubble_fraction(p: int, v: int, m: int) -> float:
     """Idle share of the pipeline schedule against its busy time: (p - 1) / (v * m) for the
     interleaved schedule with v model chunks per rank, (p - 1) / m for 1F1B (Narayanan et al.
-    2021, section 2.2); none without pipeline parallelism."""
+    2021, section 2.2), which assume at least p micro-batches. With fewer, no rank has anything
+    to interleave while the first micro-batch crosses the p * v virtual stages: the step takes
+    (p * v + m - 1) chunk times of t / v against m * t busy, a bubble of (p - m) / m +
+    (m - 1) / (m * v); both agree at m = p, and at v = 1 it is (p - 1) / m. None without
+    pipeline parallelism."""
     if p <= 1:
         return 0.0
-    return (p - 1) / (max(v, 1) * max(m, 1))
+    v, m = max(v, 1), max(m, 1)
+    if m >= p:
+        return (p - 1) / (v * m)
+    return (p - m) / m + (m - 1) / (m * v)
 
 
 def _cp_exposed(sh: Shape, knobs: Knobs) -> float:

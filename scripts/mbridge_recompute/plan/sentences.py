@@ -16,7 +16,8 @@ ALTERNATIVES = (
     "distributed optimizer, fine-grained offloading of the modules holding the most; each alone "
     "and with the recompute frontier's cheapest points. Cost = change of the modelled step: "
     "micro-batches x (3 x forward + replay + exposed offload / CP transfers) x (1 + bubble), "
-    "bubble = (p-1)/(v*m); pipeline P2P traffic and the distributed optimizer's collectives are "
+    "bubble = (p-1)/(v*m) for m >= p, (p-m)/m + (m-1)/(m*v) below; pipeline P2P traffic and "
+    "the distributed optimizer's collectives are "
     "taken as overlapped (no modelled time)")
 
 
