@@ -479,3 +479,63 @@ def test_a_candidate_given_twice_names_itself_not_another():
 def test_a_passthrough_flag_that_a_candidate_change_sets_is_refused():
     r = run_script("harness", "--candidates", "[]@context_parallel_size=2", "--", *HARNESS_ARGS, "-cp", "1")
     assert r.returncode == 1 and "'-cp 1' fights candidate" in r.stderr
+
+
+# ------------------------------------------------------------------ run_tests ends what its tests leave
+ESCAPER = '''
+import os, subprocess, sys, time
+
+
+def test_leave():
+    # a child in its own session (setsid) and a daemon that double-forks: neither is in pytest's
+    # process group, so killpg cannot reach them
+    subprocess.Popen(["setsid", "sleep", os.environ["MARK"]], start_new_session=True)
+    code = ("import os, sys, time\\n"
+            "if os.fork() == 0:\\n"
+            "    os.setsid()\\n"
+            "    if os.fork() == 0:\\n"
+            "        time.sleep(float(sys.argv[1]))\\n"
+            "    os._exit(0)\\n")
+    subprocess.run([sys.executable, "-c", code, os.environ["MARK"]], check=True)
+    time.sleep({sleep})
+'''
+
+
+def _with_mark(mark: str) -> list:
+    """Live processes whose command line holds `mark`."""
+    out = []
+    for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
+        try:
+            argv = cmdline.read_bytes().split(b"\0")
+            state = (cmdline.parent / "stat").read_text().rsplit(")", 1)[1].split()[0]
+        except OSError:
+            continue
+        if mark.encode() in argv and state not in ("Z", "X"):
+            out.append(int(cmdline.parent.name))
+    return out
+
+
+@pytest.mark.parametrize("sleep,extra", [(0, []), (300, ["--timeout", "5"])])
+def test_a_test_child_that_calls_setsid_does_not_survive_run_tests(tmp_path, sleep, extra):
+    """The subreaper (prctl PR_SET_CHILD_SUBREAPER) catches what left pytest's process group."""
+    import sys
+    import time
+
+    sys.path.insert(0, str(ROOT / "tests" / "fixtures" / "harness"))
+    import standin
+
+    repo = standin.make_checkout(tmp_path / "b", "0.5", tests=True)
+    (repo / standin.PEFT).write_text(ESCAPER.replace("{sleep}", str(sleep)))
+    mark = f"{171717 + int.from_bytes(os.urandom(3), 'big')}"      # this test's own processes
+    env = {"PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1", "MARK": mark}
+    r = run_script("tests", "--repo", repo, "--json", *extra, env=env, timeout=120)
+    report = _one_json(r.stdout)
+    assert r.returncode in (0, 1), r.stderr[-500:]
+    deadline = time.monotonic() + 5
+    while _with_mark(mark) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    left = _with_mark(mark)
+    for pid in left:                        # never leave them running, whatever the verdict
+        os.kill(pid, 9)
+    assert not left, "a process the test left outside pytest's group survived"
+    assert report.get("orphans_ended", 0) >= 2

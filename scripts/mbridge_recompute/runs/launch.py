@@ -106,6 +106,8 @@ def launch_run(run: PlannedRun, base_manifest: dict, timeout: Optional[float], g
     _write_manifest(run_dir, manifest)
     t0 = time.monotonic()
     with files.create_exclusive(run_dir / LOG, "--out") as log:
+        procgroup.become_subreaper()
+        before = procgroup.children()
         try:
             proc = procgroup.start(run.argv, cwd=run.cwd, env=env, stdout=log, stderr=subprocess.STDOUT)
         except OSError as exc:
@@ -125,6 +127,10 @@ def launch_run(run: PlannedRun, base_manifest: dict, timeout: Optional[float], g
         else:
             # the leader is done; anything it left in its group (a stuck worker) goes too
             manifest["leftover"] = procgroup.end_leftovers(proc, grace)
+        # what left the group (setsid, a double fork) was re-parented here: it goes as well
+        orphans = procgroup.end_orphans(before, grace)
+        if orphans:
+            manifest["orphans_ended"] = len(orphans)
     manifest.update(ended_at=_now(), duration_s=round(time.monotonic() - t0, 3), returncode=proc.returncode)
     manifest["status"] = ("timed-out" if manifest["timed_out"] else "interrupted" if manifest["interrupted"]
                           else "ok" if proc.returncode == 0 else "failed")

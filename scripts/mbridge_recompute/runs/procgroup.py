@@ -8,6 +8,18 @@ when this tool is hung up on it must end the group itself; and a leader that exi
 leave members behind (a data-loader worker, a test's subprocess) that would otherwise hold GPUs
 or a pipe open forever.
 
+A process that leaves the group -- a test that calls `setsid`, a daemon that double-forks -- is
+out of reach of `killpg`. So before the first child starts, this tool makes itself the child
+subreaper of everything it starts (`prctl(PR_SET_CHILD_SUBREAPER)`, Linux >= 3.4, through
+ctypes): an orphaned descendant is then re-parented to this tool instead of init, and
+`end_orphans` ends (and reaps) every such process once the child is done. A subreaper, not a
+cgroup: it needs no privilege, no writable cgroup tree and no systemd (none of which a user's
+shell, a container or a CI runner reliably has), and it catches every descendant whatever session
+or group it moved to. What it cannot catch: a process handed to another service (systemd-run, a
+container runtime), and anything while its own parent is still alive (it is re-parented, and so
+found, only when that parent ends; `end_orphans` repeats until none is left). Where the system
+has no such call (not Linux), only the process group is ended.
+
 Signals are turned into an exception only while the tool waits on a child (`SignalGuard.armed`);
 one that arrives elsewhere -- while a manifest is being written, while a group is being ended -- is
 held and acted on at the next safe point, so a record is never left half-written.
@@ -15,9 +27,11 @@ held and acted on at the next safe point, so a record is never left half-written
 
 from __future__ import annotations
 
+import ctypes
 import os
 import signal
 import subprocess
+import sys
 import time
 from contextlib import contextmanager
 from pathlib import Path
@@ -82,10 +96,88 @@ class SignalGuard:
         return signal.Signals(self.pending).name if self.pending is not None else None
 
 
+PR_SET_CHILD_SUBREAPER = 36          # linux/prctl.h
+_SUBREAPER: Optional[bool] = None
+
+
+def become_subreaper() -> bool:
+    """Make this process the reaper of its orphaned descendants; False where the OS cannot."""
+    global _SUBREAPER
+    if _SUBREAPER is None:
+        _SUBREAPER = False
+        if sys.platform.startswith("linux"):
+            try:
+                libc = ctypes.CDLL(None, use_errno=True)
+                _SUBREAPER = libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) == 0
+            except (OSError, AttributeError):
+                pass
+    return _SUBREAPER
+
+
 def start(argv: list, **kw) -> subprocess.Popen:
-    """`Popen` in a new session (its own process group), stdin closed unless given."""
+    """`Popen` in a new session (its own process group), stdin closed unless given; this process
+    becomes the subreaper of whatever it starts."""
+    become_subreaper()
     kw.setdefault("stdin", subprocess.DEVNULL)
     return subprocess.Popen(argv, start_new_session=True, **kw)
+
+
+def children() -> set:
+    """The pids whose parent is this process (from /proc; empty where there is none)."""
+    me, out = str(os.getpid()), set()
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            continue
+        if len(fields) > 1 and fields[1] == me:
+            out.add(int(stat.parent.name))
+    return out
+
+
+def end_orphans(before: set, grace: float, limit: float = 30.0) -> list:
+    """End every process re-parented to this tool since `before` (its children then) was taken:
+    what a finished child left behind outside its group. SIGTERM, SIGKILL after `grace`, then reap;
+    repeated while ending one re-parents its own children here. Returns the pids ended."""
+    if not _SUBREAPER:
+        return []
+    ended: list = []
+    deadline = time.monotonic() + limit
+    while time.monotonic() < deadline:
+        orphans = children() - set(before)
+        if not orphans:
+            break
+        ended += sorted(orphans)
+        for pid in orphans:
+            _signal(pid, signal.SIGTERM)
+        until = time.monotonic() + grace
+        while orphans and time.monotonic() < until:
+            orphans = {pid for pid in orphans if not _reaped(pid)}
+            if orphans:
+                time.sleep(0.02)
+        for pid in orphans:
+            _signal(pid, signal.SIGKILL)
+        for pid in orphans:
+            try:
+                os.waitpid(pid, 0)
+            except ChildProcessError:
+                pass
+    return ended
+
+
+def _signal(pid: int, sig: int) -> None:
+    try:
+        os.kill(pid, sig)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def _reaped(pid: int) -> bool:
+    try:
+        done, _ = os.waitpid(pid, os.WNOHANG)
+    except ChildProcessError:
+        return True
+    return done == pid
 
 
 def group_alive(pgid: int) -> bool:

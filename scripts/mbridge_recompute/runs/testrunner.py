@@ -373,6 +373,8 @@ def run_tests(repo: str, suite_name: Optional[str] = None, keyword: Optional[str
         env[RECORD_ENV] = str(record)
         env["PYTHONDONTWRITEBYTECODE"] = env.get("PYTHONDONTWRITEBYTECODE", "1")
         with procgroup.SignalGuard() as guard, open(out_file, "wb") as out:
+            procgroup.become_subreaper()
+            before = procgroup.children()
             try:
                 proc = procgroup.start(cmd, cwd=root, env=env, stdout=out, stderr=subprocess.STDOUT)
             except OSError as exc:
@@ -397,6 +399,10 @@ def run_tests(repo: str, suite_name: Optional[str] = None, keyword: Optional[str
             else:
                 # pytest is done; a test's stray subprocess (holding the output open) goes too
                 report["ended_by"] = procgroup.end_leftovers(proc, GRACE)
+            # what left the group (setsid, a double fork) was re-parented here: it goes as well
+            orphans = procgroup.end_orphans(before, GRACE)
+            if orphans:
+                report["orphans_ended"] = len(orphans)
             pos, partial = _tail(out_file, pos, echo, partial)
             if partial:
                 echo(partial)
