@@ -178,7 +178,7 @@ def build_parser(name: str):
     prog = _prog(name)
     parser = _Parser(prog=prog, description=getattr(module, "DESCRIPTION", help_line),
                      formatter_class=argparse.RawDescriptionHelpFormatter,
-                     epilog=getattr(module, "EPILOG", None))
+                     epilog=getattr(module, "EPILOG", None), usage=getattr(module, "USAGE", None))
     module.add_arguments(parser)
     parser.add_argument("--wide", action="store_true",
                         help="text: one line per sentence and per table row, however long "

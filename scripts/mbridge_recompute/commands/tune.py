@@ -11,6 +11,10 @@ TAIL = "passthrough"      # cli.py: the arguments after a bare -- are the harnes
 DEFAULT_ITERATIONS = 12
 MAX_RUNS = 64
 
+USAGE = """\
+%(prog)s [WORKLOAD.yaml] [--repo DIR] [--launch] [options] -- HARNESS_ARGS
+       %(prog)s --from TUNE.json [--plot FILE.png | --no-plot] [--json]"""
+
 DESCRIPTION = """\
 Close the loop: plan the workload, run its current setting (or the [] control
 when it recomputes nothing) through Megatron Bridge's performance harness for a
@@ -22,9 +26,8 @@ budget is spent). The answer: the setting, its measured peak per rank and step
 time, and its config in every format. Every decision, run and calibration goes
 to tune.json in --out; the same command resumes. A dry run (the default) prints
 the decision procedure and the first runs' exact commands; --launch runs them.
-
-usage tail: tune.py WORKLOAD [options] -- HARNESS_ARGS (the Bridge harness
-arguments every run gets, as run_harness.py takes them)."""
+HARNESS_ARGS, after '--', are the Bridge harness arguments every run gets, as
+run_harness.py takes them."""
 
 EPILOG = """\
 examples:
