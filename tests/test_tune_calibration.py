@@ -173,3 +173,46 @@ def test_offsets_never_fall_below_what_a_run_was_seen_to_need(pipelined, specs):
     for r, off in enumerate(offsets.per_rank):
         own = [o.offset_bytes for o in applied if o.pp_rank == r]
         assert off == (max(own) if own else max(o.offset_bytes for o in applied))
+
+
+@pytest.fixture(scope="module")
+def moonlight_plan():
+    from mbridge_recompute.plan.planner import plan
+
+    release = releases.target(None)
+    w = load_workload(str(EXAMPLES / "moonlight_16b.yaml"), [], mcore_version=release.requested)
+    report = plan(w, version=release)
+    return report, Models(Pricer(w, release.key))
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(st.data())
+def test_a_round_never_repeats_a_run_and_only_runs_what_is_predicted_to_pass_cheaper(moonlight_plan, data):
+    report, models = moonlight_plan
+    names = [c.name for c in report.candidates if c.allowed and c.name != "[]"]
+    ran = data.draw(st.lists(st.sampled_from(names), unique=True, max_size=6))
+    done = {"[]": decide.Verdict(data.draw(st.booleans()), "baseline")}
+    done.update({c: decide.Verdict(data.draw(st.booleans()), "drawn") for c in ran})
+    costs = {c.name: c.cost_pct for c in report.candidates}
+    times = {c: data.draw(st.floats(400.0, 600.0)) for c in done}
+    need = data.draw(st.sampled_from([None, int(0.5 * GB)]))
+    base = next(c for c in report.candidates if c.name == "[]")
+    s = decide.Situation(candidates=report.candidates, base=base, diagnosis=None, baseline="[]",
+                         budget=report.budget_bytes, need=need, target_rank=0, done=done,
+                         costs={c: costs[c] for c in done}, step_times=times, against_model={},
+                         runs_left=data.draw(st.integers(0, 4)), extra=models.extra)
+    d = decide.next_round(s)
+    best = decide.best_passed(s)
+    by_name = {c.name: c for c in report.candidates}
+    assert len(d.runs) <= max(s.runs_left, 0) and (d.stop is None) == bool(d.runs)
+    if d.stop == "answer":
+        assert best is not None
+    for choice in d.runs:
+        c = by_name[choice.candidate]
+        assert choice.candidate not in done
+        if best is not None:
+            assert c.cost_pct < costs[best]
+        if choice.role == "candidate":
+            assert decide.fits(s, c)
+        else:
+            assert decide.point_fits(s, c) and c.cost_pct <= by_name[d.runs[0].candidate].cost_pct

@@ -61,11 +61,15 @@ class Models:
         ran, est = self._estimate(setting)
         return tuple(int(model_allocated_bytes(ran, r, first_iteration)) for r in est.ranks)
 
-    def residual(self, pp_rank: int) -> int:
-        """The residual the model adds to a rank's peak (CUDA context, NCCL, TE workspaces: memory
-        the allocator does not count); the same for every setting."""
-        _, est = self._estimate(RecomputeSetting.selective())
-        return int(est.ranks[pp_rank].static.get("residual", 0))
+    def extra(self, setting: RecomputeSetting, pp_rank: int) -> int:
+        """The model's device peak less its peak allocated for `setting` on one rank: what the
+        device holds beyond what the allocator counts (the residual: CUDA context, NCCL, TE
+        workspaces), which a measured peak allocated lacks when it is held against the budget."""
+        from mbridge_recompute.plan.calibration import model_allocated_bytes
+
+        ran, est = self._estimate(setting)
+        r = est.ranks[pp_rank]
+        return int(r.peak_bytes - model_allocated_bytes(ran, r, False))
 
     @property
     def ranks(self) -> int:

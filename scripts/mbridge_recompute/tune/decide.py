@@ -27,8 +27,8 @@ PROCEDURE = (
     "with --free-gb, frees that much against the baseline; with two runs left, also its cheaper "
     "neighbour when that one fits at the point estimate only",
     "5. a run passes when compare says pass, it is matched with the baseline, its peak allocated "
-    "plus the model's residual fits the budget and, with --free-gb, it frees that much at the "
-    "matched point",
+    "plus what the model puts on the device beyond it (the residual) fits the budget and, with "
+    "--free-gb, it frees that much at the matched point",
     "6. stop when a run passed and no cheaper setting is predicted to pass (the answer is the "
     "passing run with the shortest step time), when the run budget is spent, when nothing left "
     "is predicted to fit, or when a failure is one recompute cannot fix (static memory, "
@@ -86,6 +86,8 @@ def _gb(nbytes) -> str:
 
 
 def judge(m, budget: int, need: Optional[int], residual: int, baseline: bool) -> Verdict:
+    """`residual`: what the device holds beyond the run's measured peak allocated (the model's
+    device less allocated peak of that setting and rank)."""
     """Whether a finished run passes (PROCEDURE 5), and a stop it forces."""
     if m.launch_status == "interrupted":
         return Verdict(False, "interrupted before it ended: it runs again when the tune resumes", final=False)
@@ -120,8 +122,8 @@ def judge(m, budget: int, need: Optional[int], residual: int, baseline: bool) ->
                        stop="baseline-failed" if baseline else None)
     device = peak * GB + residual
     if device > budget:
-        return Verdict(False, f"peak {peak:.3f} GB allocated + {_gb(residual)} GB residual is over the "
-                              f"{_gb(budget)} GB budget")
+        return Verdict(False, f"peak {peak:.3f} GB allocated + {_gb(residual)} GB beyond it on the device "
+                              f"is over the {_gb(budget)} GB budget")
     if need is not None and not baseline:
         freed = None if m.delta_peak_gb is None else -m.delta_peak_gb
         if freed is None or freed * GB < need:
@@ -149,7 +151,7 @@ class Situation:
     against_model: dict                # candidate -> why: a failure of its own; its label supersets wait
     runs_left: int
     allowed: Optional[set] = None      # --candidates: only these (setting_key of each)
-    residuals: tuple = ()              # per pipeline rank: the model's residual (device - allocated)
+    extra: object = None               # (setting, pp_rank) -> the model's device less allocated peak
 
 
 def _saving(s: Situation, c) -> int:
@@ -195,8 +197,8 @@ def best_passed(s: Situation) -> Optional[str]:
 
 def _allocated(s: Situation, c, rank: int) -> int:
     """The calibrated peak allocated of a rank (what a memory report shows): the device peak less
-    the model's residual."""
-    return int(c.rank_peak(rank) - (s.residuals[rank] if rank < len(s.residuals) else 0))
+    what the model adds beyond the allocator's count."""
+    return int(c.rank_peak(rank) - (s.extra(c.setting, rank) if s.extra else 0))
 
 
 def _predicted(s: Situation, c) -> dict:
@@ -211,7 +213,7 @@ def _predicted(s: Situation, c) -> dict:
 def _describe(s: Situation, c) -> str:
     hot = c.hottest_pp_rank
     text = (f"predicted {_gb(_allocated(s, c, hot))} GB allocated on pp_rank {hot} ({_gb(c.peak_bytes)} GB "
-            f"with the residual, against the {_gb(s.budget)} GB budget), cost {c.cost_pct:.2f} %")
+            f"on the device, against the {_gb(s.budget)} GB budget), cost {c.cost_pct:.2f} %")
     if s.need is not None:
         text += f", frees {_gb(_saving(s, c))} GB"
     return text
@@ -255,17 +257,17 @@ def next_round(s: Situation) -> Decision:
     return Decision(runs=runs)
 
 
-def first_round(report, baseline: str, current: RecomputeSetting, residuals: tuple = ()) -> Decision:
+def first_round(report, baseline: str, current: RecomputeSetting, extra=None) -> Decision:
     """PROCEDURE 1."""
     c = next((x for x in report.candidates if x.name == baseline), None) or report.current
     what = (f"the current setting {current.describe()}" if current.recompute.candidate() == baseline
             and baseline != "[]" else "the [] control (the current setting recomputes nothing)")
     ranks = range(len(c.rank_peaks))
-    alloc = [int(c.rank_peak(r) - (residuals[r] if r < len(residuals) else 0)) for r in ranks]
+    alloc = [int(c.rank_peak(r) - (extra(c.setting, r) if extra else 0)) for r in ranks]
     hot = c.hottest_pp_rank
     pred = {"rank_peak_bytes": [int(c.rank_peak(r)) for r in ranks], "rank_allocated_bytes": alloc,
             "peak_bytes": int(c.peak_bytes), "hottest_pp_rank": hot,
             "cost_pct": round(c.cost_pct, 3), "fits": bool(c.fits)}
     return Decision(runs=[Choice(baseline, "baseline", f"the baseline: {what}; uncalibrated prediction "
                                  f"{_gb(alloc[hot])} GB allocated on pp_rank {hot} ({_gb(c.peak_bytes)} GB "
-                                 "with the residual)", pred)])
+                                 "on the device)", pred)])

@@ -157,11 +157,7 @@ class Tuner:
             step_times={c: m.step_time_ms for c, m in ms.items()},
             against_model=dict(offsets.against_model),
             runs_left=self.opts.max_runs - state.runs_started, allowed=self.allowed,
-            residuals=self.residuals)
-
-    @property
-    def residuals(self) -> tuple:
-        return tuple(self.models.residual(r) for r in range(self.models.ranks))
+            extra=self.models.extra)
 
     @staticmethod
     def _target_rank(baseline: Optional[Measurement], base) -> int:
@@ -176,7 +172,7 @@ class Tuner:
     def decide(self, state: TuneState):
         """(decision, calibration record) for the next step."""
         if not state.runs:
-            return rules.first_round(self.plan0, self.baseline_name, self.current, self.residuals), None
+            return rules.first_round(self.plan0, self.baseline_name, self.current, self.models.extra), None
         report, offsets = self.calibrated(state)
         s = self.situation(state, report, offsets)
         decision = rules.next_round(s)
@@ -196,7 +192,7 @@ class Tuner:
                             done={self.baseline_name: rules.Verdict(passes, "as modelled")},
                             costs={self.baseline_name: base.cost_pct}, step_times={}, against_model={},
                             runs_left=self.opts.max_runs - 1, allowed=self.allowed,
-                            residuals=self.residuals)
+                            extra=self.models.extra)
         return rules.next_round(s)
 
     # ------------------------------------------------------------ building and launching
@@ -280,7 +276,8 @@ class Tuner:
             self._baseline_log = run
         m = measure(run, manifest, None if is_base else self.baseline_log(state), self.w, rec.candidate)
         hot = max(m.steady or m.first_iteration, key=lambda p: p.allocated_gb, default=None)
-        residual = self.models.residual(hot.pp_rank if hot else 0)
+        ran = RecomputeSetting.parse(rec.candidate, "tune.json")
+        residual = self.models.extra(ran, hot.pp_rank if hot else 0)
         v = rules.judge(m, self.budget, self.need, residual, is_base)
         rec.measurement, rec.verdict = m.to_dict(), {"passed": v.passed, "why": v.why, "final": v.final,
                                                      "stop": v.stop}
