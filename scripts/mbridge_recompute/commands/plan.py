@@ -271,7 +271,8 @@ def _rank_table(r) -> list:
         spec.append(("other", "r", lambda k: gb(sum(k.activations.get(c, 0) for c in other + tiny))))
     spec += [("saved total", "r", lambda k: gb(k.activation_bytes)),
              ("transient", "r", lambda k: gb(k.transient_bytes)),
-             ("model peak" if cal else "peak", "r", lambda k: gb(k.peak_bytes))]
+             ("model allocated" if cal else "allocated peak", "r", lambda k: gb(k.allocated_peak_bytes)),
+             ("model device" if cal else "device peak", "r", lambda k: gb(k.peak_bytes))]
     if cal:
         spec += [("offset", "r", lambda k: f"{r.current.offset(k.pp_rank) / GB:+.2f}"),
                  ("peak", "r", lambda k: gb(k.peak_bytes + r.current.offset(k.pp_rank)))]
@@ -280,7 +281,13 @@ def _rank_table(r) -> list:
              "static, saved activations by component and their total, the transient at the peak"
              + (f" (under 0.005 GB: {', '.join(tiny)})" if tiny and not other else "")
              + ("; peak = the model's peak + the calibration's unexplained offset" if cal else ""))
-    return wrap(title) + [_columns(spec, ranks)]
+    hot = r.estimate.hottest
+    return wrap(title) + [_columns(spec, ranks)] + wrap(
+        "allocated peak: what torch.cuda.max_memory_allocated and Bridge's "
+        "mem-max-allocated-gigabytes report (compare runs with it); device peak: allocated plus "
+        "what PyTorch does not count (residual, flex-dispatcher buffers, CUDA-graph pools: "
+        f"{gb(hot.peak_bytes - hot.allocated_peak_bytes)} GB on pp_rank {hot.pp_rank}), the figure "
+        "the budget is held against", indent="  ")
 
 
 def _label_table(r) -> list:

@@ -20,6 +20,9 @@ from __future__ import annotations
 from functools import lru_cache
 from typing import NamedTuple
 
+from mbridge_recompute.memory import moments
+from mbridge_recompute.memory.dispatcher import flex_backend, flex_buffer_bytes
+from mbridge_recompute.memory.graphs import graphed_kinds, graphed_layer_bytes, graphs_of, io_bytes
 from mbridge_recompute.memory.offload import in_force, offloaded_bytes, offloaded_components
 from mbridge_recompute.memory.recompute import chunk_groups, granularity_of, layout_of, modules_of
 from mbridge_recompute.memory.schedule import inflight_vectors
@@ -49,6 +52,7 @@ NONE = frozenset()
 TERM_LOGITS = "logits+cross-entropy (fp32) on the last stage"
 TERM_GRADS = "gradient buffers of one layer during backward"
 TERM_FORWARD = "forward working set of one layer (SP all-gather, QKV and dispatch buffers)"
+TERM_OVERLAP = "EP-overlap combined step: one layer's forward working set next to another's backward"
 TERM_OFFLOAD = "offloaded activations reloaded for two layers plus gradient buffers during backward"
 TERM_KEPT = "offload kept (last layer)"   # the last stage's last layer: its backward follows at once
 
@@ -153,6 +157,19 @@ def _dropped(sh: Shape, kind: str, mods: frozenset) -> float:
         return 0.0
     kept = {x.name for x in layer_tensors(sh, kind, mods)}
     return sum(x.nbytes for x in layer_tensors(sh, kind, NONE) if x.name not in kept)
+
+
+@lru_cache(maxsize=4096)
+def chunk_graphed(sh: Shape, kinds: tuple, mode: RecomputeMode, g, saved: float) -> tuple:
+    """(saved bytes per micro-batch inside CUDA graphs, graphed layers) of one chunk."""
+    if g is None:
+        return 0.0, 0
+    if g.full_iteration:
+        return saved, 0
+    if mode.granularity == "full":
+        return 0.0, 0          # full recompute runs only under full-iteration graphs
+    inside = sum(graphed_layer_bytes(sh, k, mode.mods, g) for k in kinds)
+    return min(inside, saved), graphed_kinds(kinds, g)
 
 
 def _add(comp: dict, other: dict, scale: float = 1.0) -> None:
@@ -343,9 +360,14 @@ def assumptions(w, sh: Shape, knobs: Knobs) -> list:
         f"replayed memory-bound kernel = {knobs.memory_bound_flops_per_byte:g} FLOPs.",
         "Interleaved schedule: microbatch_group_size_per_vp_stage defaults to PP; every distinct "
         "in-flight vector of the MCore order is evaluated.",
-        "Not modelled in general: allocator fragmentation and optimizer-step temporaries (inside "
-        "the residual); settings of this workload the model does not read are listed as "
-        "'not modelled: KEY=VALUE' below.",
+        "Two peaks per rank: allocated (what torch.cuda.max_memory_allocated and Bridge's "
+        "mem-max-allocated-gigabytes count, since process start: the largest of iteration 1 "
+        "without Adam's moments, the optimizer step, the steady forward/backward and, with CUDA "
+        "graphs, their capture and the graphed steady state) and device (allocated plus what "
+        "PyTorch does not count: the residual, flex-dispatcher buffers, activations held in a "
+        "CUDA-graph pool); the budget is held against the device peak.",
+        "Not modelled in general: allocator fragmentation; settings of this workload the model "
+        "does not read are listed as 'not modelled: KEY=VALUE' below.",
         "Local-spec fused softmax eligibility follows fused_softmax.py:238-270 @ core_v0.16.1 "
         "except its batch-per-block divisibility check.",
     ]
@@ -384,9 +406,26 @@ def assumptions(w, sh: Shape, knobs: Knobs) -> list:
                    "and the copy streams' own buffers are not counted. Exposed PCIe time: what a "
                    f"layer's compute does not cover at {knobs.pcie_flops_per_byte:g} FLOPs per byte.")
     if sh.E and sh.dispatcher == "flex":
-        out.append("flex dispatcher: DeepEP / HybridEP allocate their communication buffers "
-                   "outside PyTorch's allocator (not in the peak; they lower what PyTorch can use); "
-                   "the working set is taken as alltoall's.")
+        out.append(f"flex dispatcher ({flex_backend(w)}): its communication buffers "
+                   f"({flex_buffer_bytes(w, sh) / GIB:.2f} GiB per GPU, sized as DeepEP's buffer "
+                   "size hints / HybridEP's worst-case token buffers) are allocated outside PyTorch: "
+                   "in the device peak, not in the allocated one; the permuted tokens it returns "
+                   "are taken as alltoall's working set.")
+    if w.bf16 or w.fp16:
+        if not w.grad_reduce_in_fp32 and not w.use_precision_aware_optimizer:
+            out.append("16-bit gradient buffers: the optimizer step gives each fp32 main-parameter "
+                       "shard an fp32 copy of its gradient shard (4 bytes per locally optimised "
+                       "parameter, alive through the step), a floor under every setting's peak.")
+    g = graphs_of(w)
+    if g is not None:
+        scope = ("the whole forward-backward" if g.full_iteration else "whole layers"
+                 if not g.scopes else ", ".join(sorted(g.scopes)))
+        out.append(f"CUDA graphs ({g.impl}, capturing {scope}) after {g.warmup} eager "
+                   "iteration(s): the captured modules' saved activations live in the graph pool "
+                   "(in the device peak, out of the allocated one once graphed); the graphs' static "
+                   "input/output buffers are estimated as two [Tr, h] per graphed layer and "
+                   "micro-batch in flight plus one gradient pair; pool fragmentation is not "
+                   "modelled (it widens the band).")
     if w.pipeline_model_parallel_size > 1 and not sh.deallocate_outputs:
         out.append("deallocate_pipeline_outputs is off (MCore default): each in-flight "
                    "micro-batch keeps its stage output [Tr, h].")
@@ -407,9 +446,12 @@ def estimate(w, knobs: Knobs = DEFAULT_KNOBS, disabled=()) -> MemoryEstimate:
     mode = _mode(w, tuple(tuple(d) for d in disabled))
     M = w.num_microbatches
     group = _group_size(w)
-    extra = 1 if (w.overlap_moe_expert_parallel_comm and v > 1 and p > 1) else 0
+    overlap = bool(w.overlap_moe_expert_parallel_comm and w.is_moe and w.expert_model_parallel_size > 1)
+    extra = 1 if (overlap and v > 1 and p > 1) else 0
     tied = bool(w.share_embeddings_and_output_weights)
     pl = place(w)
+    graphs = graphs_of(w)
+    flex = flex_buffer_bytes(w, sh)
     depths = pl.mtp_layers
     inner = tuple(w.layer_kinds()[-1:]) * depths       # MTP layers take the last layer's spec
     static_total_of = {}
@@ -430,15 +472,36 @@ def estimate(w, knobs: Knobs = DEFAULT_KNOBS, disabled=()) -> MemoryEstimate:
         for c, ch in zip(best, chunks):
             _add(comp, ch.components, c)
         host = sum(c * ch.host for c, ch in zip(best, chunks))
+        if overlap and p == 1:
+            # combined 1F1B without pipelining: the next micro-batch's first layer runs its forward
+            # before this one's last layer has run its backward (combined_1f1b.py:34-48, 73-90 @
+            # core_v0.16.1): one layer's saved tensors on top of a whole micro-batch
+            one = max((layer_bytes(sh, k, mode.mods) for k in layout[r][0]), default=0)
+            activation += one
+            _add(comp, {"EP-overlap forward": one})
+        warmup_offloaded = 0.0
         if r == p - 1 and chunks[-1].offload_kept:
             # the last stage runs each micro-batch's backward right after its forward: the last
-            # layer's group is not offloaded (should_bulk_offload)
+            # layer's group is not offloaded (should_bulk_offload) -- except in iteration 1, the
+            # offload manager's warm-up, which offloads every group
+            # (fine_grained_activation_offload.py:928-950, 522-560 @ core_v0.16.1)
             activation += chunks[-1].offload_kept
             host -= chunks[-1].offload_kept
             _add(comp, {TERM_KEPT: chunks[-1].offload_kept})
+            warmup_offloaded = chunks[-1].offload_kept
         # transients
         trans = {TERM_FORWARD: max(ch.fwd_ws for ch in chunks),
                  TERM_GRADS: max(ch.bwd_ws for ch in chunks)}
+        if sh.offload:
+            # the previous layer's offload copy is still in flight on the D2H stream while the
+            # next layer runs its forward: its tensors are released once the copy's event has
+            # completed (bulk_offload, :952-990 @ core_v0.16.1)
+            in_flight = max(ch.offload_reload for ch in chunks) / 2     # one layer's offload
+            trans[TERM_FORWARD] += in_flight
+        if overlap:
+            # a layer's forward (its dispatch buffers included) co-scheduled with another
+            # layer's backward: both working sets at once
+            trans[TERM_OVERLAP] = trans[TERM_FORWARD] + trans[TERM_GRADS]
         if any(ch.offload_reload for ch in chunks):
             # the reload runs one layer ahead of the backward (bulk_reload): two layers back
             trans[TERM_OFFLOAD] = max(ch.offload_reload for ch in chunks) + max(ch.bwd_ws for ch in chunks)
@@ -459,33 +522,65 @@ def estimate(w, knobs: Knobs = DEFAULT_KNOBS, disabled=()) -> MemoryEstimate:
                               residual=knobs.residual_bytes,
                               optimizer_bytes=_optimizer_bytes(w, sh, knobs),
                               global_buffer=global_buffer_bytes(sh, kinds + list(inner if here else ())))
+        # CUDA graphs: the captured part of the saved activations and the graphs' static buffers
+        graphed = io = 0.0
+        if graphs is not None:
+            for j, (c, ch) in enumerate(zip(best, chunks)):
+                inside, layers = chunk_graphed(sh, tuple(layout[r][j]), mode, graphs, ch.saved)
+                graphed += c * inside
+                io += io_bytes(sh, layers, c)
+        static["cuda_graph_buffers"] = round(io)
+        static["flex_buffers"] = round(flex)
         static_total = sum(static.values())
         static_total_of[r] = static_total
         activation_i = round(activation)
         transient_i = round(transient)
+        step = moments.step_temporaries(w, params, w.data_parallel_size, sh.c, sh.t, sh.ep, sh.etp)
+        if step > activation_i + transient_i:
+            term = moments.STEP
+        lazy = _lazy_share(w, sh, knobs) * static.get("optimizer", 0)
+        outside = static["residual"] + static["flex_buffers"] + static["cuda_graph_buffers"]
+        alloc = moments.allocated_peaks(
+            static_alloc=static_total - outside,
+            lazy=lazy, act=activation_i, trans=transient_i, step=step, graphed=graphed, io=io,
+            warmup=graphs.warmup if graphs is not None else None, it1_less=warmup_offloaded)
         ranks.append(RankMemory(
             pp_rank=r, static_bytes=static_total, activation_bytes=activation_i,
             transient_bytes=transient_i,
             peak_term=term, activations={k: round(x) for k, x in sorted(comp.items())},
             static=static, in_flight_microbatches=sum(best) / v, host_bytes=max(0, round(host)),
             transients={k: round(x) for k, x in trans.items()},
-            params=round(params.total), layers=len(kinds)))
+            params=round(params.total), layers=len(kinds), step_bytes=round(step),
+            lazy_bytes=round(lazy), graphed_bytes=round(graphed),
+            allocated_peak_bytes=alloc.allocated, allocated_moment=alloc.moment,
+            first_iteration_allocated_bytes=alloc.first_iteration,
+            allocated_moments=alloc.moments,
+            moe_layers=sum("moe" in k for k in kinds + list(inner if here else ()))))
     hottest = max(ranks, key=lambda rk: (rk.peak_bytes, -rk.pp_rank))
     return MemoryEstimate(ranks=ranks, hottest=hottest, assumptions=assumptions(w, sh, knobs),
                           per_layer=per_layer(w, sh, mode))
 
 
+def _lazy_share(w, sh: Shape, knobs: Knobs) -> float:
+    """The share of the optimizer state the first step creates (Adam's moments and, with the
+    precision-aware optimizer, its master weights); 0 with a fixed per-parameter knob."""
+    if knobs.optimizer_bytes_per_param is not None:
+        return 0.0
+    eager, lazy = optimizer_state_bytes(w, sh.elt == 2)
+    return lazy / (eager + lazy) if eager + lazy else 0.0
+
+
 def first_iteration_peak_bytes(w, rank: RankMemory) -> int:
-    """A rank's peak during the first iteration, when Adam state is still to be created.
+    """A rank's device peak during the first iteration, when Adam state is still to be created.
 
     The optimizer state made by the first step (`optimizer_state_bytes`) is absent from the
     first forward and backward; that step then allocates it once the activations are freed,
-    so the first iteration peaks at the larger of the two moments. Only meaningful for the
-    default optimizer accounting (no `Knobs.optimizer_bytes_per_param`).
+    next to its own temporaries (memory/moments.step_temporaries), so the first iteration peaks
+    at the larger of the two moments. The allocated figure of the same moment is
+    `rank.first_iteration_allocated_bytes`.
     """
-    eager, lazy = optimizer_state_bytes(w, bool(w.bf16 or w.fp16))
-    share = lazy / (eager + lazy) if eager + lazy else 0.0
-    return max(rank.peak_bytes - round(rank.static.get("optimizer", 0) * share), rank.static_bytes)
+    fwd_bwd = rank.static_bytes - rank.lazy_bytes + rank.activation_bytes + rank.transient_bytes
+    return max(fwd_bwd, rank.static_bytes + rank.step_bytes)
 
 
 def per_layer(w, sh: Shape, mode: RecomputeMode) -> dict:

@@ -41,6 +41,12 @@ DEFAULT_KNOBS = Knobs()
 PAPER_KNOBS = Knobs(norm_stats=False, tiny_tensors=False)
 
 
+# Static terms the device holds that PyTorch's caching allocator does not count (so they are
+# in the device peak, not in the allocated one): the residual knob, the flex dispatcher's
+# DeepEP / HybridEP buffers (memory/dispatcher.py).
+OUTSIDE_ALLOCATOR = ("residual", "flex_buffers")
+
+
 @dataclass
 class RankMemory:
     pp_rank: int
@@ -49,23 +55,51 @@ class RankMemory:
     transient_bytes: int             # the largest transient at that moment
     peak_term: str                   # which term set the peak
     activations: dict = field(default_factory=dict)   # component -> bytes (sums to activation_bytes)
-    static: dict = field(default_factory=dict)        # weights, grads, optimizer, fp8_weight_copies, residual
+    static: dict = field(default_factory=dict)        # weights, grads, optimizer, fp8_weight_copies,
+    #                                                   global_buffer, cuda_graph_buffers,
+    #                                                   flex_buffers, residual
     in_flight_microbatches: float = 0.0               # in units of this rank's whole layer set
     transients: dict = field(default_factory=dict)    # candidate transient -> bytes
     params: int = 0                                   # parameters held by this rank (all chunks)
     layers: int = 0                                   # decoder layers held by this rank (all chunks)
     host_bytes: int = 0               # fine-grained offloading: activations waiting in pinned host
     #                                   memory at the peak moment (not in the GPU peak)
+    step_bytes: int = 0                               # optimizer-step temporaries (memory/moments.py)
+    lazy_bytes: int = 0                               # optimizer state the first step creates
+    graphed_bytes: int = 0                            # part of activation_bytes inside CUDA graphs
+    allocated_peak_bytes: int = 0                     # like max_memory_allocated (set by estimate)
+    allocated_moment: str = ""                        # the moment that sets it
+    first_iteration_allocated_bytes: int = 0          # the same, after iteration 1
+    allocated_moments: dict = field(default_factory=dict)   # moment -> allocated bytes
+    moe_layers: int = 0                               # MoE layers on this rank (MTP depths included)
 
     @property
     def peak_bytes(self) -> int:
-        return self.static_bytes + self.activation_bytes + self.transient_bytes
+        """The device peak: what the rank holds at its worst moment, everything included."""
+        return self.static_bytes + max(self.activation_bytes + self.transient_bytes, self.step_bytes)
+
+    @property
+    def device_peak_bytes(self) -> int:
+        return self.peak_bytes
+
+    @property
+    def outside_allocator_bytes(self) -> int:
+        """Static bytes on the device that PyTorch's allocator does not count."""
+        return sum(int(self.static.get(k, 0)) for k in OUTSIDE_ALLOCATOR)
 
     def as_dict(self) -> dict:
         return {
             "pp_rank": self.pp_rank, "static_bytes": self.static_bytes,
             "activation_bytes": self.activation_bytes, "transient_bytes": self.transient_bytes,
-            "peak_bytes": self.peak_bytes, "peak_term": self.peak_term,
+            "step_bytes": self.step_bytes,
+            "peak_bytes": self.peak_bytes, "device_peak_bytes": self.device_peak_bytes,
+            "allocated_peak_bytes": self.allocated_peak_bytes,
+            "allocated_peak_moment": self.allocated_moment,
+            "first_iteration_allocated_bytes": self.first_iteration_allocated_bytes,
+            "allocated_moments": dict(self.allocated_moments),
+            "outside_allocator_bytes": self.outside_allocator_bytes,
+            "graphed_activation_bytes": self.graphed_bytes,
+            "peak_term": self.peak_term,
             "activations": dict(self.activations), "static": dict(self.static),
             "transients": dict(self.transients),
             "in_flight_microbatches": self.in_flight_microbatches,

@@ -74,23 +74,18 @@ class Calibration:
 
 
 def model_allocated_bytes(w, rank, first_iteration: bool) -> int:
-    """The model's peak allocated of one rank: its peak less the residual, which the allocator
-    does not see; in iteration 1 without the Adam moments the first step creates."""
-    from mbridge_recompute.memory import first_iteration_peak_bytes
-
-    peak = first_iteration_peak_bytes(w, rank) if first_iteration else rank.peak_bytes
-    return peak - rank.static.get("residual", 0)
+    """The model's peak allocated of one rank (memory/moments.py): what the allocator counts,
+    without the residual, the flex dispatcher's buffers or activations parked in a CUDA-graph
+    pool; after iteration 1 without the Adam moments the first step creates."""
+    return rank.first_iteration_allocated_bytes if first_iteration else rank.allocated_peak_bytes
 
 
 def static_allocated_bytes(w, rank, first_iteration: bool) -> int:
     """The model's static memory of one rank as the allocator counts it (no residual); in
     iteration 1 without the Adam state the first optimizer step creates."""
-    from mbridge_recompute.memory.static import optimizer_state_bytes
-
-    static = rank.static_bytes - rank.static.get("residual", 0)
+    static = rank.static_bytes - rank.outside_allocator_bytes - rank.static.get("cuda_graph_buffers", 0)
     if first_iteration:
-        eager, lazy = optimizer_state_bytes(w, bool(w.bf16 or w.fp16))
-        static -= round(rank.static.get("optimizer", 0) * (lazy / (eager + lazy) if eager + lazy else 0))
+        static -= rank.lazy_bytes
     return static
 
 

@@ -58,7 +58,8 @@ class Pricer:
                          rank_host=tuple(int(r.host_bytes) for r in est.ranks),
                          cost_pct=float(terms.cost_pct), shares=terms,
                          rejected_by=tuple(sorted({f["id"] for f in errors(findings)})),
-                         disabled=off, step=step)
+                         disabled=off, step=step,
+                         rank_allocated=tuple(int(r.allocated_peak_bytes) for r in est.ranks))
 
 
 def _offload_skip(f: dict) -> bool:

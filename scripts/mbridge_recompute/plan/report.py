@@ -45,6 +45,7 @@ class Candidate:
     step: Optional[StepCost] = None   # its modelled step (memory/cost.py), what cost_pct compares
     shares: Optional[StepShares] = None   # cost_pct split: replay, offload copies, layout (CP)
     rank_host: tuple = ()             # fine-grained offloading: pinned host bytes per PP rank
+    rank_allocated: tuple = ()        # modelled allocated peak of every PP rank (max_memory_allocated)
 
     @property
     def name(self) -> str:
@@ -66,6 +67,12 @@ class Candidate:
     def rank_peak(self, rank: int) -> int:
         """Rank `rank`'s peak, calibrated when a measurement was given."""
         return self.rank_peaks[rank] + self.offset(rank)
+
+    def allocated_peak(self, rank: int) -> int:
+        """Rank `rank`'s allocated peak (what max_memory_allocated reports), calibrated like
+        its device peak."""
+        base = self.rank_allocated[rank] if self.rank_allocated else self.rank_peaks[rank]
+        return base + self.offset(rank)
 
     @property
     def hottest_pp_rank(self) -> int:
@@ -114,6 +121,8 @@ class Candidate:
                   "offset_bytes": int(self.offset(self.hottest_pp_rank)) if m else None,
                   "rank_static_bytes": [int(x) for x in self.rank_static] if m else None,
                   "rank_offset_bytes": [int(self.offset(r)) for r in ranks] if m else None,
+                  "allocated_peak_bytes": int(self.allocated_peak(self.hottest_pp_rank)) if m else None,
+                  "rank_allocated_peak_bytes": [int(self.allocated_peak(r)) for r in ranks] if m else None,
                   "cost_pct": round(self.cost_pct, 3),
                   "replay_pct": round(self.replay_pct, 3), "offload_pct": round(self.offload_pct, 3),
                   "cp_pct": round(self.shares.cp_pct, 3) if self.shares else 0.0,

@@ -1,0 +1,149 @@
+"""The error band of a rank's predicted peak: how far the measured peak may lie from it.
+
+The band is built from terms, each present only when the workload has what it is about, and
+each sized from the accuracy table (benchmarks/measured_peaks.py, benchmarks/data/measured/):
+the cases with that feature bound how far the model has been off. Allocated-side terms widen
+both peaks; device-side terms only the device peak. A calibration against a measured run
+(`--measured-peak-gb`) absorbs what does not change between recompute settings: only the
+terms marked `kept` survive it, and the model term narrows to CALIBRATED_MODEL.
+
+tests/test_memory_band.py checks that every case of the accuracy table lies inside its band.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+from mbridge_recompute.memory.graphs import graphs_of
+from mbridge_recompute.units import GB
+
+# The model on cases without the terms below: measured between -7.3 % (Mixtral 8x7B shape
+# iteration 1) and +9.8 % (DeepSeek-V3 proxy on GB200, release golden) of the prediction.
+MODEL_UNDER = 0.08        # measured above the prediction by up to this share
+MODEL_OVER = 0.10         # measured below the prediction by up to this share
+# after calibration what is left is the error of the change between two settings: the
+# published sweeps' deltas (benchmarks/accuracy.py) within 0.4 GB on 36-66 GB peaks
+CALIBRATED_MODEL = 0.02
+# Dropless MoE without forced balancing: the hottest EP rank can receive up to twice the
+# balanced tokens early in training: the Moonlight 16B sweep (max over printed ranks after
+# iteration 2) needs 2.2x on its routed-token tensors (-13.4 % without); the MoE/MLA
+# functional test's peak drifts +4 % from iteration 2 to 50.
+IMBALANCE = 0.5           # extra routed-token activations as a share of the MoE component
+# Stack-dependent cross-entropy working set on the loss stage: the same DeepSeek-V3 proxy
+# configuration measured 5.2 GB (H100, MBS 1) and 21 GB (GB200, MBS 4) higher after the PyTorch
+# and TE bumps of 2026-06-18 with unchanged static memory, 2.45-2.48 fp32 [T, V/t] logits, i.e.
+# about 1.25 per loss (main + 1 MTP depth).
+LOSS_STACK_LOGITS = 1.25
+# Static memory of MoE / MTP stages above the enumerated terms: 0.24-0.54 GB on 4-7 GB in the
+# MoE functional tests, 2.7 GB (8.1 %) on the DeepSeek-V3 proxy's MTP stage.
+MOE_STATIC_RESIDUE = 0.09
+# PyTorch-allocated workspaces and small persistent buffers (cuBLAS / TE workspaces, RNG
+# states, routing bookkeeping): 0.08-0.27 GB on the small functional tests.
+WORKSPACES = 0.3 * GB
+# Fine-grained activation offloading: iteration 1 (the offload manager's warm-up) measured up to
+# 21 % below the prediction, steady state up to 10.4 % above it.
+OFFLOAD_LOWER = 0.25      # of activations + transient
+OFFLOAD_UPPER = 0.10
+# CUDA graphs: pool fragmentation in the device peak (not measured: a stated guess).
+GRAPH_POOL_SLACK = 0.10   # of the graphed activations
+# Each not-modelled setting whose value matters: a stated guess, not from the table.
+UNMODELLED_EACH = 0.02
+UNMODELLED_CAP = 0.10
+
+
+class Term(NamedTuple):
+    name: str
+    lower: int            # bytes the measured peak may lie below the prediction
+    upper: int            # bytes it may lie above
+    device_only: bool     # widens the device peak only (memory PyTorch does not count)
+    kept: bool            # survives a calibration
+    why: str
+
+
+class Band(NamedTuple):
+    allocated: tuple      # (lower, upper) bytes around allocated_peak_bytes
+    device: tuple         # (lower, upper) bytes around peak_bytes
+    terms: tuple          # Term
+
+
+def _force_balanced(w) -> bool:
+    extra = w.extra_model if isinstance(w.extra_model, dict) else {}
+    return bool(extra.get("moe_router_force_load_balancing"))
+
+
+def terms(w, est, rank, unmodelled: int = 0) -> list:
+    """The band terms of one rank of an estimate of `w` (`unmodelled`: how many settings of
+    the workload the model does not read)."""
+    from mbridge_recompute.memory.shape import shape_of
+    from mbridge_recompute.memory.types import DEFAULT_KNOBS
+
+    alloc = rank.allocated_peak_bytes
+    out = [Term("model", round(MODEL_OVER * alloc), round(MODEL_UNDER * alloc), False, False,
+                f"the model on the accuracy table's plain cases: -{MODEL_OVER:.0%} .. "
+                f"+{MODEL_UNDER:.0%}")]
+    out.append(Term("workspaces", 0, round(WORKSPACES), False, False,
+                    "cuBLAS / Transformer Engine workspaces and small persistent buffers "
+                    "(0.08-0.27 GB in the functional tests)"))
+    moe = rank.activations.get("moe", 0)
+    sh = shape_of(w, DEFAULT_KNOBS)
+    if w.is_moe and moe > 0 and w.moe_expert_capacity_factor is None and not _force_balanced(w):
+        out.append(Term("routing imbalance", 0, round(IMBALANCE * moe), False, True,
+                        "dropless routing without moe_router_force_load_balancing: the hottest "
+                        "EP rank can get about twice the balanced tokens early in training "
+                        "(Moonlight 16B sweep, max over ranks)"))
+    if rank.moe_layers:
+        static_alloc = rank.static_bytes - rank.outside_allocator_bytes
+        out.append(Term("MoE static residue", 0, round(MOE_STATIC_RESIDUE * static_alloc), False,
+                        False, "static memory of MoE / MTP stages above the enumerated "
+                        "parameters, gradients and optimizer state (up to 8.1 % measured)"))
+    if rank.pp_rank == len(est.ranks) - 1 and sh.vocab:
+        losses = 1 + (w.mtp_num_layers or 0)
+        logits = 4 * sh.T * sh.vocab_ * losses
+        out.append(Term("loss-stage stack", 0, round(LOSS_STACK_LOGITS * logits), False, False,
+                        f"the cross-entropy working set differs between PyTorch / TE stacks: "
+                        f"+{LOSS_STACK_LOGITS:g} fp32 [T, V/t] per loss measured on one "
+                        "configuration across two stacks"))
+    if sh.offload:
+        act = rank.activation_bytes + rank.transient_bytes
+        out.append(Term("activation offloading", round(OFFLOAD_LOWER * act),
+                        round(OFFLOAD_UPPER * act), False, True,
+                        "fine-grained offloading: iteration 1 (the offload manager's warm-up) "
+                        "offloads every group; copy timing decides what is still on the GPU"))
+    g = graphs_of(w)
+    if g is not None:
+        io = rank.static.get("cuda_graph_buffers", 0)
+        out.append(Term("CUDA-graph buffers", 0, round(io), False, False,
+                        "the graphs' static input/output buffers are an estimate (x2)"))
+        out.append(Term("CUDA-graph pool", 0, round(GRAPH_POOL_SLACK * rank.graphed_bytes), True,
+                        False, "fragmentation inside the graph pool (a stated guess)"))
+    flex = rank.static.get("flex_buffers", 0)
+    if flex:
+        out.append(Term("flex dispatcher buffers", 0, round(flex), True, False,
+                        "DeepEP / HybridEP buffer sizes follow their defaults and the NVLink "
+                        "domain (x2)"))
+    if w.num_gpus is None:
+        out.append(Term("world size assumed", round(0.5 * rank.static.get("optimizer", 0)), 0,
+                        False, False, "no GPU count: more data-parallel replicas would shard "
+                        "the optimizer state further"))
+    if unmodelled:
+        share = min(UNMODELLED_CAP, UNMODELLED_EACH * unmodelled)
+        out.append(Term("not-modelled settings", round(share * alloc), round(share * alloc), False,
+                        True, f"{unmodelled} setting(s) the model does not read: "
+                        f"{UNMODELLED_EACH:.0%} each, at most {UNMODELLED_CAP:.0%} (a stated guess)"))
+    return out
+
+
+def band(w, est, rank, unmodelled: int = 0, calibrated: bool = False) -> Band:
+    """The rank's band. Allocated-side terms add up on each side; calibration keeps only the
+    `kept` terms and a narrower model term."""
+    ts = terms(w, est, rank, unmodelled)
+    if calibrated:
+        alloc = rank.allocated_peak_bytes
+        ts = [Term("model", round(CALIBRATED_MODEL * alloc), round(CALIBRATED_MODEL * alloc),
+                   False, True, f"the change between settings after calibration: "
+                   f"±{CALIBRATED_MODEL:.0%}")] + [t for t in ts if t.kept and t.name != "model"]
+    lo_a = sum(t.lower for t in ts if not t.device_only)
+    up_a = sum(t.upper for t in ts if not t.device_only)
+    lo_d = lo_a + sum(t.lower for t in ts if t.device_only)
+    up_d = up_a + sum(t.upper for t in ts if t.device_only)
+    return Band((lo_a, up_a), (lo_d, up_d), tuple(ts))

@@ -1,0 +1,110 @@
+"""Per-layer CUDA graphs: what they take out of PyTorch's allocated bytes and what they add.
+
+Transformer Engine graphs (cuda_graph_impl=transformer_engine) are captured by
+TECudaGraphHelper with one `make_graphed_callables` call: one graph per (layer, micro-batch),
+captured in the pipeline schedule's order into one shared memory pool, with static input and
+output buffers reused between micro-batches whose forward and backward do not overlap
+(cuda_graphs.py:1788-1935, 2100-2145 @ core_v0.16.1; `_reuse_graph_input_output_buffers` from
+TE 2.7). The capture follows `cuda_graph_warmup_steps` eager iterations (default 3,
+transformer_config.py:769 @ core_v0.16.1; Bridge train.py captures when step - start ==
+cuda_graph_warmup_steps) and empties the allocator cache before and after it
+(cuda_graphs.py _start_capturing / _finish_capturing @ core_v0.16.1). Local graphs
+(cuda_graph_impl=local, CudaGraphManager) record during the warm-up iterations and capture into
+one global mempool (cuda_graphs.py:1368-1430 @ core_v0.16.1); full-iteration graphs capture the
+whole forward-backward at iteration cuda_graph_warmup_steps (full_cuda_graph.py:139-185 @
+core_v0.16.1).
+
+What that means for the two figures a plan reports:
+- Inside a graph, tensors live at fixed addresses of the private pool. Once a graph's backward
+  has been captured its saved tensors are freed as far as the caching allocator is concerned
+  (their blocks stay reserved in the pool), and replays allocate nothing. So in the graphed
+  steady state the saved activations of the captured modules are *not* in
+  `torch.cuda.memory_allocated`, only in the reserved pool; the static input/output buffers
+  are allocated and stay.
+- `max_memory_allocated` counts since process start (neither Megatron-LM nor Bridge resets it),
+  so the eager warm-up iterations and the capture itself count: with two or more eager
+  iterations the eager steady peak (Adam moments present) is what the allocator reports.
+- The device holds the pool (the graphed activations in flight) next to the eager working set:
+  about the eager peak plus the static buffers.
+Measured: the MoE/MLA functional test with attention graphed and cuda_graph_warmup_steps 0
+peaks at 41.20 GB allocated, 14.7 GB under the same model without graphs (53.18 / 55.93 GB,
+tests/functional_tests/test_cases/moe/gpt3_mcore_te_tp2_pp2_ep4_etp1_resume_torch_dist_attn_cudagraph
+@ d98e8a6).
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple, Optional
+
+from mbridge_recompute.memory.recompute import block_mods
+from mbridge_recompute.memory.shape import Shape
+from mbridge_recompute.memory.tensors import BLOCK_NAMES, BLOCKS
+
+DEFAULT_WARMUP_STEPS = 3      # transformer_config.py:769 @ core_v0.16.1 (same through main)
+
+# tensor-name prefixes of the MoE block that the moe_router scope captures: the pre-MLP norm
+# and the router (transformer_layer.py:970-1005 @ core_v0.16.1: the graph runs _forward_mlp,
+# and the MoE layer returns after routing when only the router is captured)
+_ROUTER = ("pre-MLP norm", "router logits")
+
+
+class Graphs(NamedTuple):
+    impl: str                  # "transformer_engine", "local" or "full_iteration"
+    scopes: frozenset          # empty: whole layers; else attn / mlp / moe / moe_router / mamba
+    warmup: int                # eager iterations before the capture
+    full_iteration: bool
+
+    @property
+    def whole_layers(self) -> bool:
+        return not self.scopes or self.full_iteration
+
+
+def graphs_of(w) -> Optional[Graphs]:
+    """The CUDA-graph capture a workload runs, or None without graphs."""
+    from mbridge_recompute.rules.builtin import _capture
+
+    impl, scopes, _ = _capture(w, w.cuda_graph_modules is not None)
+    if impl in (None, "none"):
+        return None
+    extra = w.extra_model if isinstance(w.extra_model, dict) else {}
+    warmup = extra.get("cuda_graph_warmup_steps")
+    warmup = DEFAULT_WARMUP_STEPS if warmup is None else max(0, int(warmup))
+    full = impl == "full_iteration" or "full_iteration" in scopes
+    names = frozenset(x for x in scopes if x not in ("full_iteration", "moe_preprocess"))
+    return Graphs(impl, names, warmup, full)
+
+
+def graphed_layer_bytes(sh: Shape, kind: str, mods: frozenset, g: Graphs) -> float:
+    """Saved bytes of one layer (one micro-batch) that live inside the graph's pool."""
+    if g.whole_layers:
+        scopes = {"attn", "mlp", "moe", "mamba", "gdn"}
+    else:
+        scopes = set(g.scopes)
+    out = 0.0
+    for block in BLOCKS[kind]:
+        name = BLOCK_NAMES[block.__name__]
+        tensors = block(sh, block_mods(mods, name))
+        if name in scopes:
+            out += sum(x.nbytes for x in tensors)
+        elif name == "moe" and "moe_router" in scopes:
+            out += sum(x.nbytes for x in tensors if x.name.startswith(_ROUTER))
+    return out
+
+
+def graphed_kinds(kinds, g: Graphs) -> int:
+    """How many of a chunk's layers carry a graph (a layer whose blocks are all outside the
+    scopes is not captured)."""
+    if g.whole_layers:
+        return len(kinds)
+    scopes = set(g.scopes)
+    if "moe_router" in scopes:
+        scopes.add("moe")
+    return sum(1 for k in kinds if any(b in scopes for b in k.split("+")))
+
+
+def io_bytes(sh: Shape, graphed_layers: int, inflight: float) -> float:
+    """Static buffers of one chunk's graphs: per graphed layer an input and an output
+    [Tr, h] per micro-batch in flight, plus one static gradient pair (TE reuses buffers of
+    micro-batches that are not in flight at once, TE >= 2.7)."""
+    per = sh.elt * sh.h * sh.Tr
+    return graphed_layers * (2 * inflight + 2) * per
