@@ -36,7 +36,9 @@ LEGACY_MODEL_KEYS = frozenset({"hybrid_override_pattern", "mtp_enabled", "mamba_
 # placement.py:79-80) and that the loader itself applies (first_k_dense_replace -> moe_layer_freq,
 # hybrid_layer_pattern -> hybrid_override_pattern).
 READ_BY_MODEL = values.EXTRA_SIZES | values.EXTRA_FLAGS | {
-    "cross_entropy_fusion_impl", "first_k_dense_replace", "hybrid_layer_pattern"}
+    "cross_entropy_fusion_impl", "first_k_dense_replace", "hybrid_layer_pattern",
+    # read (and checked) by memory/graphs.py and memory/dispatcher.py
+    "cuda_graph_warmup_steps", "moe_flex_dispatcher_backend"}
 
 
 @lru_cache(maxsize=1)

@@ -19,6 +19,7 @@ allocated through PyTorch, like the alltoall dispatcher's, and modelled as its w
 
 from __future__ import annotations
 
+from mbridge_recompute.errors import InputError
 from mbridge_recompute.memory.shape import Shape
 
 NVL_PEERS = 8              # LEGACY_NUM_MAX_NVL_PEERS
@@ -61,15 +62,23 @@ def flex_buffer_bytes(w, sh: Shape) -> float:
     ranks = sh.ep * sh.etp
     if ranks <= 1:
         return 0.0
-    extra = w.extra_model if isinstance(w.extra_model, dict) else {}
-    backend = extra.get("moe_flex_dispatcher_backend") or "deepep"
+    backend = flex_backend(w)
     if backend == "hybridep":
         return _hybridep_bytes(sh, ranks)
     if backend == "deepep":
         return _deepep_bytes(sh.h * max(sh.elt, 2), ranks)
-    return 0.0
+    return 0.0     # ncclep (0.19+): NCCL's own buffers, inside the residual
+
+
+BACKENDS = ("deepep", "hybridep", "ncclep")   # transformer_config.py:869 @ core_v0.19.0
 
 
 def flex_backend(w) -> str:
     extra = w.extra_model if isinstance(w.extra_model, dict) else {}
-    return str(extra.get("moe_flex_dispatcher_backend") or "deepep")
+    backend = extra.get("moe_flex_dispatcher_backend")
+    if backend is None:
+        return "deepep"
+    if backend not in BACKENDS:
+        raise InputError("model.moe_flex_dispatcher_backend",
+                         f"must be one of {', '.join(BACKENDS)}, got {backend!r}")
+    return backend

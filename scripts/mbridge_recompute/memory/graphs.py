@@ -36,6 +36,7 @@ from __future__ import annotations
 
 from typing import NamedTuple, Optional
 
+from mbridge_recompute.errors import InputError
 from mbridge_recompute.memory.recompute import block_mods
 from mbridge_recompute.memory.shape import Shape
 from mbridge_recompute.memory.tensors import BLOCK_NAMES, BLOCKS
@@ -68,7 +69,11 @@ def graphs_of(w) -> Optional[Graphs]:
         return None
     extra = w.extra_model if isinstance(w.extra_model, dict) else {}
     warmup = extra.get("cuda_graph_warmup_steps")
-    warmup = DEFAULT_WARMUP_STEPS if warmup is None else max(0, int(warmup))
+    if warmup is None:
+        warmup = DEFAULT_WARMUP_STEPS
+    elif isinstance(warmup, bool) or not isinstance(warmup, int) or warmup < 0:
+        raise InputError("model.cuda_graph_warmup_steps",
+                         f"must be a whole number of iterations >= 0, got {warmup!r}")
     full = impl == "full_iteration" or "full_iteration" in scopes
     names = frozenset(x for x in scopes if x not in ("full_iteration", "moe_preprocess"))
     return Graphs(impl, names, warmup, full)
