@@ -133,7 +133,8 @@ def check_plan(text: str, j: dict) -> int:
         assert row["static"] == gb(rank["static_bytes"])
         assert row["saved total"] == gb(rank["activation_bytes"])
         assert row["transient"] == gb(rank["transient_bytes"])
-        assert row["model peak" if cal else "peak"] == gb(rank["peak_bytes"])
+        assert row["model allocated" if cal else "allocated peak"] == gb(rank["allocated_peak_bytes"])
+        assert row["model device" if cal else "device peak"] == gb(rank["peak_bytes"])
         comps = [c for c in rank["activations"] if c in row]
         for c in comps:
             assert row[c] == gb(rank["activations"][c]), c
@@ -145,7 +146,7 @@ def check_plan(text: str, j: dict) -> int:
             assert row["offset"] == _signed(calibrated - rank["peak_bytes"])
             assert row["offset"] == _signed(cal["rank_offset_bytes"][k])
         assert _words(row["peak term"]) == rank["peak_term"]
-        n += 6 + len(comps) + (3 if cal else 0)
+        n += 7 + len(comps) + (3 if cal else 0)
 
     labels = _table(parsed, "recompute labels")
     assert [row["label"] for row in labels] == [e["label"] for e in j["labels"]]
@@ -262,7 +263,7 @@ def test_a_calibrated_plan_shows_the_offset_as_its_own_column():
     off = _signed(j["calibration"]["offset_bytes"])
     assert rank["offset"] == off == top["offset GB"]
     # the per-rank table's peak is the frontier's: the model's peak plus the offset
-    assert rank["peak"] == gb(j["current"]["peak_bytes"]) and float(rank["model peak"]) + float(off) \
+    assert rank["peak"] == gb(j["current"]["peak_bytes"]) and float(rank["model device"]) + float(off) \
         == pytest.approx(float(rank["peak"]), abs=0.011)
 
 

@@ -282,12 +282,12 @@ def _rank_table(r) -> list:
              + (f" (under 0.005 GB: {', '.join(tiny)})" if tiny and not other else "")
              + ("; peak = the model's peak + the calibration's unexplained offset" if cal else ""))
     hot = r.estimate.hottest
-    return wrap(title) + [_columns(spec, ranks)] + wrap(
+    return wrap(title) + wrap(
         "allocated peak: what torch.cuda.max_memory_allocated and Bridge's "
         "mem-max-allocated-gigabytes report (compare runs with it); device peak: allocated plus "
         "what PyTorch does not count (residual, flex-dispatcher buffers, CUDA-graph pools: "
         f"{gb(hot.peak_bytes - hot.allocated_peak_bytes)} GB on pp_rank {hot.pp_rank}), the figure "
-        "the budget is held against", indent="  ")
+        "the budget is held against", indent="  ") + [_columns(spec, ranks)]
 
 
 def _label_table(r) -> list:
