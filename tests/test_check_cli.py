@@ -156,7 +156,7 @@ def test_the_report_says_whose_defaults_the_workload_took(tmp_path):
 
 
 def test_the_light_tools_start_without_torch_or_megatron_on_a_bridge_dump_and_an_mlm_list():
-    """Only --recipe (and --mlm-args where Megatron-LM imports) may import them; a dump, a plan
+    """Only --recipe (and --mlm-parser installed) may import them; a dump, a plan
     and a config snippet of the default path must not."""
     code = (
         "import sys, json, contextlib, io\n"

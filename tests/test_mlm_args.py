@@ -90,7 +90,7 @@ def _sections_in(release: str, spec: list) -> dict:
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(SCRIPTS), env_spec["pythonpath"]]))
     code = ("import json, sys\n"
             "from mbridge_recompute.inputs import mlm_args\n"
-            "s = mlm_args.sections(sys.argv[1:], '0.19')\n"
+            "s = mlm_args.sections(sys.argv[1:], '0.19', 'installed')\n"
             "print(json.dumps(s, default=str))\n")
     proc = subprocess.run([env_spec["python"], "-W", "ignore", "-c", code, *spec], capture_output=True,
                           text=True, env=env, timeout=600)
@@ -99,9 +99,11 @@ def _sections_in(release: str, spec: list) -> dict:
 
 
 def test_megatron_lms_own_parser_and_the_written_down_definitions_agree():
-    """The 0.19.2 environment parses with megatron.training.arguments itself; this venv has no
-    megatron.training and uses data/mlm_arguments.json. Same list, same sections."""
-    assert mlm_args._real_parser() is None            # this venv: megatron-core 0.16.1
+    """Asked for (--mlm-parser installed), the 0.19.2 environment parses with
+    megatron.training.arguments itself; this venv has no megatron.training (megatron-core 0.16.1)
+    and refuses the ask; the default is data/mlm_arguments.json. Same list, same sections."""
+    with pytest.raises(InputError, match="no megatron.training"):
+        mlm_args.sections(["--", *SMALL], "0.19", "installed")
     for spec in ([str(MOE_SELECTIVE)], [str(DENSE_FULL)], ["--", *SMALL, "--swiglu", "--bf16"]):
         real = _sections_in("0.19.2", spec)
         assert real.pop("_mlm")["how"].startswith("Megatron-LM's parser")
@@ -113,9 +115,18 @@ def test_megatron_lms_own_parser_and_the_written_down_definitions_agree():
 
 
 @pytest.mark.parametrize("release", ["0.17.1", "0.18.2", "0.19.2"])
-def test_the_written_down_definitions_are_that_releases_parser(release):
+def test_the_written_down_definitions_are_that_releases_parser(release, tmp_path):
+    """Megatron-LM's add_megatron_arguments of the release's wheel, and the ModelOpt group its
+    pretrain_gpt.py adds (megatron/post_training/arguments.py at the release's tag, from the
+    Megatron-LM mirror: the wheels do not ship it)."""
+    import sys
+
+    sys.path.insert(0, str(ROOT / "tests" / "tools"))
+    from gen_mlm_arguments import post_training_dir
+
     env_spec = release_env(release)
-    env = dict(os.environ, PYTHONPATH=env_spec["pythonpath"])
+    extra = post_training_dir(release, tmp_path)
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([env_spec["pythonpath"], str(extra)]))
     tool = ROOT / "tests" / "tools" / "gen_mlm_arguments.py"
     proc = subprocess.run([env_spec["python"], "-W", "ignore", str(tool), "--part"], capture_output=True,
                           text=True, env=env, timeout=600)

@@ -539,8 +539,13 @@ def test_claim_vpp_10_frees_memory_on_rank_0_and_halves_the_bubble_of_the_embedd
 def test_claim_missing_fields_take_megatron_core_or_bridge_defaults_and_the_first_line_says_whose():
     ours = run_script("plan", "--mcore-version", "0.19.2")
     dump = run_script("plan", str(EXAMPLES / "bridge_dump_llama3_8b.yaml"), "--mcore-version", "0.19.2")
-    assert "defaults: megatron-core TransformerConfig's" in ours.stdout.splitlines()[0]
-    assert "defaults: Megatron Bridge providers'" in dump.stdout.splitlines()[0]
+    def workload_line(text: str) -> str:     # after the `note:` lines of what the input left open
+        return next(line for line in text.splitlines() if line.startswith("workload:"))
+
+    assert "defaults: megatron-core TransformerConfig's" in workload_line(ours.stdout)
+    assert workload_line(ours.stdout) == ours.stdout.splitlines()[0]       # the default states its GPUs
+    assert dump.stdout.startswith("note: world size: 2 GPUs assumed")
+    assert "defaults: Megatron Bridge providers'" in workload_line(dump.stdout)
     assert _plan(str(EXAMPLES / "bridge_dump_llama3_8b.yaml"), "--mcore-version", "0.19.2")[
         "workload"]["defaults_source"] == "bridge"
 

@@ -14,6 +14,9 @@ from mbridge_recompute.workload import FIELD_NAMES, Workload
 
 from conftest import EXAMPLES
 
+# the sizes a workload must state (a model is never made up: inputs/loading.py REQUIRED_SIZES)
+SIZES = ["model.num_layers=2", "model.hidden_size=256", "model.num_attention_heads=4"]
+
 
 def test_field_list_matches_installed_transformer_config():
     """The 0.16 field list (data/upstream_fields.json) is exactly the installed megatron-core's
@@ -67,8 +70,8 @@ def test_bridge_config_dump_loads_as_is():
 
 
 def test_first_k_dense_replace_becomes_a_layer_pattern():
-    w = load_workload(sets=["model.num_layers=4", "model.num_moe_experts=8",
-                            "model.first_k_dense_replace=1"])
+    w = load_workload(sets=["model.num_layers=4", "model.hidden_size=256", "model.num_attention_heads=4",
+                            "model.num_moe_experts=8", "model.first_k_dense_replace=1"])
     assert w.layer_kinds() == ["attn+mlp", "attn+moe", "attn+moe", "attn+moe"]
 
 
@@ -153,10 +156,10 @@ def test_coercion_follows_the_declared_type_whatever_its_spelling():
         assert values._coerce_type(base, 8, "model.num_query_groups", {"bound": "positive"}) == 8
         with pytest.raises(InputError, match="must be an integer"):
             values._coerce_type(base, "abc", "model.num_query_groups", {})
-    w = load_workload(sets=["model.num_query_groups=null"])
+    w = load_workload(sets=[*SIZES, "model.num_query_groups=null"])
     assert w.num_query_groups is None
     with pytest.raises(InputError, match="must be an integer"):
-        load_workload(sets=["model.num_query_groups=abc"])
+        load_workload(sets=[*SIZES, "model.num_query_groups=abc"])
 
 
 def test_every_workload_field_declares_its_section_origin_and_a_docstring():
@@ -178,7 +181,8 @@ def test_every_workload_field_declares_its_section_origin_and_a_docstring():
 
 # ------------------------------------------------------------------ Bridge dumps, read as Bridge runs them
 DUMP = "_target_: megatron.bridge.training.config.ConfigContainer\n"
-GPT = "  _target_: megatron.bridge.models.gpt_provider.GPTModelProvider\n"
+GPT = ("  _target_: megatron.bridge.models.gpt_provider.GPTModelProvider\n"
+       "  hidden_size: 256\n  num_attention_heads: 4\n")
 
 
 def _dump(tmp_path, text: str) -> str:
@@ -232,7 +236,8 @@ def test_the_mixed_precision_recipe_of_a_dump_sets_the_model_precision(tmp_path)
 
 
 def test_hybrid_layer_patterns_of_0_6_2_are_read(tmp_path):
-    hyb = "model:\n  _target_: megatron.bridge.models.hybrid.hybrid_provider.HybridModelProvider\n"
+    hyb = ("model:\n  _target_: megatron.bridge.models.hybrid.hybrid_provider.HybridModelProvider\n"
+           "  hidden_size: 256\n  num_attention_heads: 4\n")
     w = load_workload(_dump(tmp_path, hyb + "  hybrid_layer_pattern: M-M*|M-M*/*-\n"
                                             "  mtp_num_layers: null\n"), mcore_version="0.19")
     # the stage separators stay (placement.py reads them from 0.17); the MTP part is split off

@@ -216,13 +216,16 @@ def _run(argv: list) -> int:
         raise InputError("subcommand", f"required: one of {', '.join(SUBCOMMANDS)}")
     parser, module = build_parser(argv[0])
     rest, tail = argv[1:], None
-    # what a bare -- hands over: a Megatron-LM argument list (`plan.py [options] -- ARGS`,
-    # inputs/mlm_args.py), or the arguments a tool names as its TAIL (tune's harness arguments)
+    # what a bare -- hands over: a Megatron-LM argument list (`plan.py [options] [--mlm-args] --
+    # ARGS`, inputs/mlm_args.py: read after any --mlm-args FILE), or the arguments a tool names as
+    # its TAIL (tune's harness arguments)
     tail_dest = getattr(module, "TAIL", None) or (
-        "mlm_args" if any(a.dest == "mlm_args" for a in parser._actions) else None)
+        "mlm_argv" if any(a.dest == "mlm_args" for a in parser._actions) else None)
     if "--" in rest and tail_dest:
         cut = rest.index("--")
         rest, tail = rest[:cut], rest[cut + 1:]
+        if tail_dest == "mlm_argv" and rest[-1:] == ["--mlm-args"]:
+            rest = rest[:-1]
     args = parser.parse_args(rest)
     _refuse_empty(parser, args, foreign={tail_dest, "passthrough", "extra"})
     if tail is not None:

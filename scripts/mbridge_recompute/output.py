@@ -31,9 +31,14 @@ MIN_WRAP = 24                 # narrowest a table's free-text column is wrapped 
 UNDER_INDENT = "    "         # a free-text cell moved under its row starts here
 _WIDTH: ContextVar[Optional[int]] = ContextVar("text_width", default=WIDTH)
 
-# C0 controls but newline and tab, DEL, the C1 CSI, and lone UTF-16 surrogates (no terminal can
-# encode one: printed raw they end the tool with UnicodeEncodeError)
-_CONTROL = re.compile("[\x00-\x08\x0b-\x1f\x7f\x9b\ud800-\udfff]")
+# C0 and C1 controls (newline and tab stay), lone UTF-16 surrogates (no terminal can encode one:
+# printed raw they end the tool with UnicodeEncodeError), and the Unicode format characters that
+# reorder or hide text on a terminal (U+202E right-to-left override, U+200B zero width space,
+# U+2066 isolates, U+FEFF, ...: category Cf)
+_CONTROL = re.compile("[\\x00-\\x08\\x0b-\\x1f\\x7f-\\x9f\\ud800-\\udfff\\u00ad\\u0600-\\u0605\\u061c\\u06dd"
+                      "\\u070f\\u0890\\u0891\\u08e2\\u180e\\u200b-\\u200f\\u202a-\\u202e\\u2060-\\u2064"
+                      "\\u2066-\\u206f\\ufeff\\ufff9-\\ufffb\\U000110bd\\U000110cd\\U00013430-\\U0001343f"
+                      "\\U0001bca0-\\U0001bca3\\U0001d173-\\U0001d17a\\U000e0001\\U000e0020-\\U000e007f]")
 # a dotted Hydra key=value (model.recompute_modules=[], ++train.x=1) as one word of prose
 _OVERRIDE_WORD = re.compile(r"(?<!\S)((?:\+\+|\+|~)?[A-Za-z_]\w*(?:\.\w+)+=\S*)")
 
@@ -45,7 +50,9 @@ def safe_text(text: str) -> str:
 
 def _escape(m: re.Match) -> str:
     code = ord(m.group(0))
-    return f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}"
+    if code < 0x100:
+        return f"\\x{code:02x}"
+    return f"\\u{code:04x}" if code < 0x10000 else f"\\U{code:08x}"
 
 
 def shell_token(token: str) -> str:

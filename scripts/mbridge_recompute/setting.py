@@ -208,6 +208,8 @@ def _parse_change(part: str, text: str, where: str) -> tuple:
         value = None
     elif re.fullmatch(r"-?\d+", raw):
         value = int(raw)
+    elif re.fullmatch(r"[-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?", raw):
+        value = float(raw)          # a float field's value (cluster.gpu_memory_gb=0.0001)
     else:
         value = raw
     # the field's own type and bounds, as a workload file's value is checked

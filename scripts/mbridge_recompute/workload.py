@@ -53,6 +53,8 @@ def _f(default, section: str = "model", origin: str | None = None, **meta):
 
 POSITIVE = "positive"
 COUNT = "count"
+# Layers the memory model walks one by one (decoder layers, MTP depths): the bound on each count.
+MAX_LAYERS = 10_000
 
 
 @dataclass
@@ -64,7 +66,7 @@ class Workload:
     TrainingConfig) or that it is ours."""
 
     # --- architecture ---------------------------------------------------------------------
-    num_layers: int = _f(2, bound=POSITIVE, limit=10_000)
+    num_layers: int = _f(2, bound=POSITIVE, limit=MAX_LAYERS)
     """Decoder layers (a hybrid stack: the length of hybrid_override_pattern)."""
     hidden_size: int = _f(1024, bound=POSITIVE)
     """Width of the residual stream."""
@@ -94,7 +96,7 @@ class Workload:
     """The output layer reuses the input embedding (one copy when PP = 1)."""
     position_embedding_type: str = _f("rope", origin=PROVIDER)
     """rope, yarn, mrope (fresh q/k from a RoPE kernel), learned_absolute or none."""
-    mtp_num_layers: Optional[int] = _f(None, bound=POSITIVE)
+    mtp_num_layers: Optional[int] = _f(None, bound=POSITIVE, limit=MAX_LAYERS)
     """Multi-token-prediction depth: each depth is one more decoder layer (the spec of the last
     one) with its own norms, eh_proj and a second pass through the output layer and loss."""
     make_vocab_size_divisible_by: int = _f(128, bound=POSITIVE, origin=PROVIDER)
@@ -264,7 +266,8 @@ class Workload:
     """Keep fp32 master weights as the 16-bit remainders of bf16 parameters."""
     # --- the machine (cluster section, ours) ------------------------------------------------
     num_gpus: Optional[int] = _f(None, section="cluster", bound=POSITIVE, origin=OURS)
-    """World size; None means one data-parallel replica."""
+    """World size. The loader always sets it (inputs/world.py: from the input, else the smallest
+    megatron-core accepts); None, in a Workload built in code, means one data-parallel replica."""
     gpu_memory_gb: float = _f(80.0, section="cluster", bound=POSITIVE, origin=OURS)
     """Per GPU: the marketed size (80 for an 80 GB GPU), read as what PyTorch reports for the one
     GPU of the capacity table with that size (card `gpus:`; 80 -> H100 80GB, 79.11 GiB), else
@@ -296,6 +299,13 @@ class Workload:
     """Field name -> the input that set it (`--set`, the workload file, `--hf-config`, a catalog
     model, ...); a field absent here took `defaults_source`'s default. The plan's first lines
     say where precision and parallelism came from."""
+    num_gpus_from: str = _f("", section="", origin=OURS)
+    """Where num_gpus came from: 'cluster.num_gpus', a dump's data-parallel size, a launch line,
+    a recipe's name, or 'assumed: ...' (inputs/world.py); '' when the loader did not set it."""
+    input_notes: list[str] = _f([], section="", origin=OURS)
+    """What the input left open and the loader decided, each of which moves every figure: a world
+    size taken as the smallest megatron-core accepts, a vocabulary no input states, a setting
+    read but not represented. The plan says them first (inputs/loading.py, inputs/world.py)."""
     extra_model: dict = _f({}, section="", origin=OURS)
     """Model-section keys that are real MCore/Bridge fields but not Workload fields; passed to the
     live validator unchanged, and read by the memory model where noted (memory/shape.py)."""
@@ -321,6 +331,11 @@ class Workload:
     def model_parallel_size(self) -> int:
         return (self.tensor_model_parallel_size * self.pipeline_model_parallel_size
                 * self.context_parallel_size)
+
+    @property
+    def world_assumed(self) -> bool:
+        """The world size is the loader's assumption, not the input's."""
+        return self.num_gpus_from.startswith("assumed") or self.num_gpus is None
 
     @property
     def data_parallel_size(self) -> int:

@@ -231,10 +231,14 @@ def check_setting(setting, args, version, base=None) -> dict:
     if base is None and given:
         from mbridge_recompute.inputs.loading import load_from_args
 
-        base = load_from_args(args, version)
+        base = load_from_args(args, version, default=True)
     elif base is None:
         base = baseline_workload(setting)
     w = setting.apply(base.replace(**written_fields(setting)))   # the layout changes too
+    if given:
+        from mbridge_recompute.inputs.loading import revalidate
+
+        w = revalidate(w, version)      # a change is checked as a loaded workload is (exit 2 or 1)
     report = check_workload(w, validator="builtin", version=version)
     return {"ok": report["ok"], "validator": report["validator"], "version": report["version"],
             "facts": report["facts"], "release": report["release"],
@@ -276,7 +280,7 @@ def run(args) -> int:
     if _has_workload(args):
         from mbridge_recompute.inputs.loading import load_from_args
 
-        base = load_from_args(args, release)
+        base = load_from_args(args, release, default=True)   # --set alone: on the embedded default
         setting = with_set_changes(setting, args, base)
     fields = snippets.written_fields(setting)
     wanted = None

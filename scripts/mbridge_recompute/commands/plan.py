@@ -143,8 +143,10 @@ def render_text(r) -> str:
 
     wl = r.workload
     gpus = f"{wl['num_gpus']} GPU{'s' if wl['num_gpus'] != 1 else ''}" + (
-        "" if wl["num_gpus_given"] else " (one data-parallel replica)")
-    head = [f"workload: {wl['architecture']}, {wl['num_layers']} layers, hidden {wl['hidden_size']}; "
+        "" if wl["num_gpus_given"] else " (assumed: see the first line)")
+    # what the input left open and the loader decided moves every figure below: said first
+    head = [f"note: {note}" for note in wl.get("input_notes", [])]
+    head += [f"workload: {wl['architecture']}, {wl['num_layers']} layers, hidden {wl['hidden_size']}; "
             f"defaults: {DEFAULTS.get(wl['defaults_source'], wl['defaults_source'])}",
             f"  precision: {wl['precision']}; {wl['precision_from']}",
             f"  parallelism: TP{wl['tp']} PP{wl['pp']} VPP{wl['vpp']} CP{wl['cp']} EP{wl['ep']} "

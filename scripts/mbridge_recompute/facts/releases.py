@@ -165,11 +165,34 @@ def _key_of(text: str, field: str) -> str:
     _refuse(text, field, "megatron-core release the card has no facts for")
 
 
+def unlisted(text: str, key: str) -> str:
+    """'' for a card key, a commit or a release the card lists; else the clause that says which
+    release's facts stand in for it (0.19.99 -> the 0.19 facts, 0.20 -> main's)."""
+    from packaging.version import InvalidVersion, Version
+
+    if text in keys():
+        return ""
+    try:
+        v = Version(text)
+    except InvalidVersion:
+        return ""                         # a pinned commit: its facts are the pin's
+    m = meta(key)
+    if key == "main":
+        return (f" (not a released megatron-core: Megatron-LM main {m['commit']} calls itself "
+                f"{m.get('package_version')}, and main's facts are used)")
+    patches = m.get("patches") or []
+    if str(v) in patches:
+        return "" if str(v) == text else f" (read as {v})"
+    return (f" (not a release the card lists -- {key} has {', '.join(patches)}: the {key} facts are "
+            "used, unchecked for this patch)")
+
+
 def target(requested: Optional[str] = None, field: str = "--mcore-version") -> Release:
     """The release to reason about, and how it was chosen."""
     if requested is not None:
-        return Release(resolve_version(requested, field), str(requested).strip(), f"{field} {requested}",
-                       asked=True)
+        key = resolve_version(requested, field)
+        text = str(requested).strip()
+        return Release(key, text, f"{field} {text}" + unlisted(text, key), asked=True)
     installed = installed_mcore_version()
     if installed is not None:
         try:

@@ -91,6 +91,8 @@ def _read(path: Path) -> dict:
 # Counts the memory model walks one by one: refused before any per-layer list is built (the
 # Workload field's own limit), and the bound on every other integer.
 MAX_LAYERS = FIELDS["num_layers"].metadata["limit"]
+# The ignored-keys note names at most this many keys (a config.json may hold thousands)
+MAX_NAMED_KEYS = 20
 
 
 def _bad(path: Path, key: str, reason: str):
@@ -153,6 +155,8 @@ def convert(data: dict, path: Path = Path("config.json")) -> tuple[dict, list[st
     for key in ("num_hidden_layers", "hidden_size", "num_attention_heads"):
         if key not in data:
             raise InputError("--hf-config", f"{path}: missing {key!r} (not a decoder LM config.json?)")
+        if data[key] is None:
+            raise _bad(path, key, "must be a positive integer, got None")
     _check_types(data, path)
     out: dict[str, Any] = {}
     notes: list[str] = []
@@ -200,7 +204,11 @@ def convert(data: dict, path: Path = Path("config.json")) -> tuple[dict, list[st
         out["qk_layernorm"] = True                 # MLA's q_a / kv_a latent norms
         out.pop("num_query_groups", None)          # MLA has no query groups
     if data.get("num_nextn_predict_layers"):
-        out["mtp_num_layers"] = _int(data, "num_nextn_predict_layers", path)
+        try:       # the Workload field's own bound (a depth the model walks layer by layer)
+            out["mtp_num_layers"] = coerce("mtp_num_layers", _int(data, "num_nextn_predict_layers", path),
+                                           "num_nextn_predict_layers")
+        except InputError as exc:
+            raise _bad(path, "num_nextn_predict_layers", exc.reason) from None
 
     # MoE.
     experts_key = next((k for k in EXPERT_KEYS if data.get(k)), None)
@@ -227,7 +235,14 @@ def convert(data: dict, path: Path = Path("config.json")) -> tuple[dict, list[st
     unknown = sorted(k for k in data if k not in DIRECT and k not in HANDLED and k not in IRRELEVANT
                      and k != "text_config")
     if unknown:
-        notes.append(f"ignored keys not used by the memory model: {', '.join(unknown)}")
+        from mbridge_recompute.errors import clip
+
+        # one line whatever a key holds; other controls and format characters are escaped where
+        # the note is printed (output.safe_text)
+        shown = ", ".join(clip(k.replace("\n", "\\n").replace("\t", "\\t"), 60)
+                          for k in unknown[:MAX_NAMED_KEYS])
+        more = f" and {len(unknown) - MAX_NAMED_KEYS} more" if len(unknown) > MAX_NAMED_KEYS else ""
+        notes.append(f"ignored keys not used by the memory model: {shown}{more}")
     return out, notes
 
 
@@ -236,6 +251,11 @@ def _moe_pattern(data: dict, num_layers: int, path: Path) -> list[int]:
     if "first_k_dense_replace" in data or "moe_layer_freq" in data:
         # DeepSeek: layer i is MoE when i >= first_k_dense_replace and i % moe_layer_freq == 0.
         k = _int(data, "first_k_dense_replace", path) if "first_k_dense_replace" in data else 0
+        if k is not None and k > num_layers:
+            # as a workload's own first_k_dense_replace is checked (inputs/loading.py): more dense
+            # layers than layers would make an MoE model without one MoE layer
+            raise _bad(path, "first_k_dense_replace", f"must be an integer from 0 to num_hidden_layers="
+                                                      f"{num_layers}, got {k}")
         freq = _int(data, "moe_layer_freq", path, positive=True) if "moe_layer_freq" in data else 1
         return [1 if i >= (k or 0) and i % max(1, freq or 1) == 0 else 0 for i in range(num_layers)]
     # Qwen2/3-MoE: MoE unless listed in mlp_only_layers, every decoder_sparse_step-th layer.

@@ -131,18 +131,48 @@ def _merge(base: dict, top: dict) -> dict:
 
 def split_recipe_sets(sets: Iterable[str]) -> tuple[list[str], list[str]]:
     """(ours, Bridge's): with --recipe, `cluster.*` (and bare cluster keys) are ours; every other
-    override goes to Bridge's override code as the user wrote it (`model.x=1`, `+train.y=2`)."""
+    override goes to Bridge's override code as the user wrote it (`model.x=1`, `+train.y=2`, a
+    nested `model.generation_config.max_new_tokens=5`: Hydra's grammar takes any depth)."""
     ours, theirs = [], []
     for text in sets:
         key = text.split("=", 1)[0].strip().lstrip("+~")
-        section = _override_path(key)[0] if "=" in text and key else "model"
+        if "=" not in text or not key:
+            theirs.append(text)            # Bridge's own parser names what is wrong with it
+            continue
+        section = key.split(".", 1)[0] if "." in key else _override_path(key)[0]
         if section == "cluster":
             ours.append(text)
-        elif "." not in key and "=" in text:
-            theirs.append(f"{section}.{text.strip()}")
+        elif "." not in key:
+            stripped = text.strip()
+            prefix = stripped[:len(stripped) - len(stripped.lstrip("+~"))]   # Hydra's +, ++ or ~
+            theirs.append(f"{prefix}{section}.{stripped[len(prefix):]}")
         else:
             theirs.append(text)
     return ours, theirs
+
+
+# The sizes megatron-core has no usable default for: TransformerConfig's are 0, and a model without
+# them is no model (a workload that left them out would be planned as the Workload's placeholder).
+REQUIRED_SIZES = ("num_layers", "hidden_size", "num_attention_heads")
+
+
+def _require_model(data: dict, path: Optional[str]) -> None:
+    """A workload names its model: a `model:` mapping (from the file, a catalog model, a config.json,
+    a recipe or an argument list) with its layer count, width and heads. Nothing is made up."""
+    model = data.get("model")
+    sources = "--model NAME, --hf-config, --recipe or --mlm-args"
+    if model is None:
+        where = f"{path}: model" if path else "model"
+        raise InputError(where, "missing (or null): a workload states its model -- a model: section with "
+                                f"num_layers, hidden_size and num_attention_heads, or {sources}")
+    if not isinstance(model, dict):
+        return                       # the section reader names the wrong type
+    hybrid = model.get("hybrid_override_pattern") or model.get("hybrid_layer_pattern")
+    for name in REQUIRED_SIZES:
+        if name not in model and not (name == "num_layers" and hybrid):
+            raise InputError(f"model.{name}", "missing: megatron-core has no default for it "
+                                              "(TransformerConfig's 0 is no model); give it, or use "
+                                              f"{sources}")
 
 
 # ---------------------------------------------------------------- source of defaults
@@ -215,7 +245,7 @@ def _sections_to_fields(data: dict, provider: Optional[str]) -> tuple[dict, dict
                 value = None     # 0 is no MTP: megatron-core tests `if config.mtp_num_layers`
                 #                  (models/gpt/gpt_model.py:686 @ core_v0.19.2); Hybrid providers default to 0
             if key in ours:
-                out[key] = values.coerce(key, value, kw)
+                out[key] = normalise(key, values.coerce(key, value, kw))
             elif key == "first_k_dense_replace":
                 out["_first_k_dense"] = (value, kw)
             elif key in known:
@@ -247,10 +277,20 @@ def _env_vars(body) -> dict:
     return out
 
 
+def normalise(name: str, value: Any) -> Any:
+    """A coerced value as megatron-core itself rewrites it before use."""
+    if name == "moe_expert_capacity_factor" and value is not None and value < 0:
+        # any factor below 0 becomes None, i.e. no token dropping (transformer_config.py:1106-1107
+        # @ core_v0.16.1; :1661-1662 @ core_v0.19.2)
+        return None
+    return value
+
+
 def load_workload(path: str | None = None, sets: Iterable[str] = (), model: str | None = None,
                   hf_config: str | None = None, mcore_version: releases.ReleaseLike | None = None,
                   default: bool = False, recipe: str | None = None,
-                  mlm_args: Optional[list] = None, document: Optional[dict] = None) -> Workload:
+                  mlm_args: Optional[list] = None, document: Optional[dict] = None,
+                  mlm_parser: str = "builtin") -> Workload:
     """Build and validate a Workload. `default=True` starts from the embedded default workload
     when no other source is given. `document`: the file at `path`, already read (a run's config
     dump, which logs/rundir.py reads once for every use)."""
@@ -278,12 +318,16 @@ def load_workload(path: str | None = None, sets: Iterable[str] = (), model: str 
                                   f"--recipe {recipe}"))
         source = "bridge"
     mlm_notes: list[str] = []
+    input_notes: list[str] = []
+    launch = None
     if mlm_args is not None:
         from mbridge_recompute.inputs import mlm_args as mlm
 
-        parsed = mlm.sections(mlm_args, mcore_version)
+        parsed = mlm.sections(mlm_args, mcore_version, mlm_parser)
         info = parsed.pop("_mlm")
         mlm_notes = [f"{flag} (a Megatron-LM flag the conversion does not read)" for flag in info["unread"]]
+        input_notes += info["notes"]
+        launch = info["launch"]
         data = _merge(data, _took(origins, parsed, "--mlm-args"))
         source = "megatron-lm"
     if path:
@@ -304,6 +348,8 @@ def load_workload(path: str | None = None, sets: Iterable[str] = (), model: str 
     runtime_notes += bridge.normalise_model(data)
     _apply_defaults(data, source)
     provider = bridge.provider_family(data)
+    comm = data.get("comm_overlap")
+    dump_dp = comm.get("data_parallel_size") if isinstance(comm, dict) else None
     fields, extra, notes = _sections_to_fields(data, provider)
     first_k = fields.pop("_first_k_dense", None)
     if first_k is not None and "moe_layer_freq" not in fields:
@@ -313,27 +359,37 @@ def load_workload(path: str | None = None, sets: Iterable[str] = (), model: str 
             raise InputError(where, f"must be an integer from 0 to num_layers={n}, got {values.short(value)}")
         fields["moe_layer_freq"] = [0] * value + [1] * (n - value)
     fields.update(_hybrid_layers(fields, extra, mcore_version))
+    from mbridge_recompute.inputs import world
+
+    fields["num_gpus"], world_from, world_notes = world.resolve(fields, dump_dp, launch, recipe)
+    if world_from != world.GIVEN:
+        origins["num_gpus"] = world_from
     workload = Workload(**fields, extra_model=extra, defaults_source=source, origins=origins,
+                        num_gpus_from=world_from, input_notes=world_notes + input_notes,
                         not_modelled=sorted(set(runtime_notes + notes + mlm_notes)))
     validate(workload, releases.resolve(mcore_version))
+    _require_model(data, path)      # last: a wrong value in what is given is named first
     return workload
 
 
 def load_from_args(args, mcore_version: releases.ReleaseLike | None = None,
                    default: bool = False) -> Workload:
     """load_workload with the options add_workload_arguments declares."""
-    mlm = getattr(args, "mlm_args", None)
-    if mlm is not None and not isinstance(mlm, list):
-        mlm = [mlm]
+    mlm = None
+    files, argv = getattr(args, "mlm_args", None), getattr(args, "mlm_argv", None)
+    if files is not None or argv is not None:       # FILE... then -- and the tokens (mlm_args.split_spec)
+        mlm = [*(files or []), *(["--", *argv] if argv is not None else [])]
     return load_workload(args.workload, args.sets, model=args.model, hf_config=args.hf_config,
                          mcore_version=mcore_version, default=default,
-                         recipe=getattr(args, "recipe", None), mlm_args=mlm)
+                         recipe=getattr(args, "recipe", None), mlm_args=mlm,
+                         mlm_parser=getattr(args, "mlm_parser", "builtin"))
 
 
 def has_workload(args) -> bool:
     """Whether the options name a workload (the tools that can run without one check this)."""
     return bool(args.workload or args.model or args.hf_config or args.sets
-                or getattr(args, "recipe", None) or getattr(args, "mlm_args", None) is not None)
+                or getattr(args, "recipe", None) or getattr(args, "mlm_args", None) is not None
+                or getattr(args, "mlm_argv", None) is not None)
 
 
 def _hybrid_layers(fields: dict, extra: dict, version: Optional[releases.ReleaseLike]) -> dict:
@@ -376,6 +432,21 @@ def _hybrid_layers(fields: dict, extra: dict, version: Optional[releases.Release
     return out
 
 
+def revalidate(w: Workload, version: releases.ReleaseLike) -> Workload:
+    """A workload changed after loading (a candidate's @FIELD=VALUE changes) checked as a loaded one
+    is: values megatron-core rewrites are rewritten, an assumed world size is assumed again for the
+    new layout, and every load-time check runs (exit 2 where loading would exit 2)."""
+    from mbridge_recompute.inputs import world
+
+    changed = {n: normalise(n, getattr(w, n)) for n in FIELD_NAMES}
+    changed = {n: v for n, v in changed.items() if v != getattr(w, n)}
+    if w.num_gpus_from.startswith(world.ASSUMED):
+        changed["num_gpus"] = world.smallest({n: getattr(w, n) for n in FIELD_NAMES})
+    w = w.replace(**changed) if changed else w
+    validate(w, version)
+    return w
+
+
 def validate(w: Workload, version: releases.ReleaseLike) -> None:
     """Consistency checks that make a workload meaningless (exit 2), not constraint findings."""
     if w.gpu is not None:
@@ -390,6 +461,15 @@ def validate(w: Workload, version: releases.ReleaseLike) -> None:
         raise InputError("model.num_query_groups",
                          f"{w.num_query_groups} does not divide num_attention_heads="
                          f"{w.num_attention_heads}")
+    groups = w.heads_kv
+    if not w.multi_latent_attention and groups % tp and tp % groups:
+        # TP ranks split the query groups, or share one (groups < TP): TransformerConfig raises
+        # 'num_query_groups (G) must be a multiple or divisor of tensor_model_parallel_size (T).'
+        # (transformer_config.py:939-946 @ core_v0.16.1; :1338-1345 @ core_v0.19.2)
+        raise InputError("model.num_query_groups",
+                         f"num_query_groups ({groups}) must be a multiple or divisor of "
+                         f"tensor_model_parallel_size ({tp}) (transformer_config.py:1338-1345 @ "
+                         "core_v0.19.2)")
     # Where layers sit (and which splits megatron-core rejects) is placement.py's: a rejected
     # split is a checker finding with megatron-core's message, not unusable input.
     for field, name in (("model.cuda_graph_scope", "cuda_graph_scope"),
@@ -416,9 +496,10 @@ def validate(w: Workload, version: releases.ReleaseLike) -> None:
     if w.is_moe and w.moe_router_topk > w.num_moe_experts:
         raise InputError("model.moe_router_topk",
                          f"{w.moe_router_topk} exceeds num_moe_experts={w.num_moe_experts}")
-    if w.num_gpus and w.num_gpus % w.model_parallel_size:
-        raise InputError("cluster.num_gpus",
-                         f"{w.num_gpus} is not a multiple of TP*PP*CP={w.model_parallel_size}")
+    if w.num_gpus:
+        from mbridge_recompute.inputs import world
+
+        world.check(w.num_gpus, {n: getattr(w, n) for n in FIELD_NAMES}, "cluster.num_gpus")
     _batch(w)
     _sequence(w)
     if not w.use_precision_aware_optimizer:
@@ -452,7 +533,9 @@ def _batch(w: Workload) -> None:
     mbs, dp = w.micro_batch_size, w.data_parallel_size
     gbs = w.global_batch_size
     if gbs is not None and gbs % (mbs * dp):
-        dp_text = f"{dp}" if w.num_gpus else "1, as cluster.num_gpus is not given"
+        dp_text = (f"{dp}" if not w.world_assumed else
+                   f"{dp}, on the {w.num_gpus or w.model_parallel_size} GPUs assumed as cluster.num_gpus "
+                   "is not given")
         raise InputError("train.global_batch_size",
                          f"global batch size ({gbs}) is not divisible by micro batch size ({mbs}) times "
                          f"data parallel size ({dp_text}); megatron-core refuses it "
@@ -486,8 +569,6 @@ def add_workload_arguments(parser, mlm_args: bool = True) -> None:
     """Options shared by every workload-taking tool. `mlm_args=False` for a tool whose own
     arguments follow a bare `--` (tune's harness arguments), where `--mlm-args -- ARGS` would
     take them."""
-    import argparse
-
     parser.add_argument("workload", nargs="?", metavar="WORKLOAD.yaml",
                         help="workload file: our schema or a Bridge ConfigContainer dump "
                              "(logger.save_config_filepath, cfg.to_yaml())")
@@ -505,26 +586,12 @@ def add_workload_arguments(parser, mlm_args: bool = True) -> None:
                              "(default: the installed one, else the newest the card covers)")
     if not mlm_args:
         return
-    parser.add_argument("--mlm-args", nargs=argparse.REMAINDER, action=_MlmArgs, metavar="FILE | -- ARGS",
-                        help="a Megatron-LM pretrain_gpt.py argument list: a file (the command line, or a "
-                             "functional-test model_config.yaml), or -- and the arguments themselves (then "
-                             "last on the line); read with Megatron-LM's own argument definitions")
-
-
-class _MlmArgs:
-    """`--mlm-args FILE [more options]` or `--mlm-args -- ARGS...` (everything after --)."""
-
-    def __new__(cls, *args, **kwargs):
-        import argparse
-
-        class Action(argparse.Action):
-            def __call__(self, parser, namespace, values, option_string=None):
-                values = list(values or [])
-                if values and values[0] != "--" and not values[0].startswith("-"):
-                    setattr(namespace, self.dest, values[:1])
-                    if values[1:]:           # the options after FILE are the tool's own
-                        parser.parse_args(values[1:], namespace)
-                    return
-                setattr(namespace, self.dest, values[1:] if values[:1] == ["--"] else values)
-
-        return Action(*args, **kwargs)
+    parser.add_argument("--mlm-args", action="append", metavar="FILE",
+                        help="a Megatron-LM pretrain_gpt.py argument list in a file (the command line, or a "
+                             "functional-test model_config.yaml; repeatable, read in order); or give the "
+                             "arguments themselves after -- (last on the line, read after any file); read "
+                             "with Megatron-LM's own argument definitions")
+    parser.add_argument("--mlm-parser", choices=("builtin", "installed"), default="builtin",
+                        help="whose definitions read --mlm-args: builtin (written down from Megatron-LM "
+                             "0.17.1 / 0.18.2 / 0.19.2, the default) or installed (this Python's "
+                             "megatron.training, never one in the current directory)")

@@ -14,14 +14,24 @@ reader as a dump a user passes, so a recipe and its dump load alike.
 Bridge is imported here and nowhere else, and only when `--recipe` is given: it pulls torch,
 megatron-core and Transformer Engine. Where it does not import, `--recipe` is unusable input
 (exit 2) with the one line saying what is missing.
+
+Only Bridge's recipes are called: NAME resolves inside `megatron.bridge.recipes` /
+`megatron.bridge.perf_recipes` of the installed Bridge (never a `megatron/bridge` under the
+current directory), `megatron.bridge` itself is imported first, and the object called must be a
+function defined in one of those packages (its `__module__`). Whatever the call raises, SystemExit
+included, is one error line (exit 2).
 """
 
 from __future__ import annotations
 
 import contextlib
+import importlib
+import inspect
 import io
+import logging
 import os
 import re
+import sys
 import tempfile
 from pathlib import Path
 
@@ -34,19 +44,34 @@ _NAME = re.compile(r"^[A-Za-z_]\w*$")
 _MODULE = re.compile(r"^[A-Za-z_]\w*(\.[A-Za-z_]\w*)*$")
 
 
-def _bridge_root() -> Path:
-    """The installed megatron.bridge package directory (found without importing it)."""
-    import importlib.util
+def _in_packages(module: str) -> bool:
+    return any(module == p or module.startswith(p + ".") for p in PACKAGES)
 
-    try:
-        spec = importlib.util.find_spec("megatron.bridge")
-    except (ImportError, ValueError):
-        spec = None
-    if spec is None or not spec.submodule_search_locations:
-        raise InputError(WHERE, "megatron-bridge is not installed in this Python "
-                                "(run where Bridge imports, e.g. its container; or pass the "
-                                "config its logger.save_config_filepath / cfg.to_yaml() wrote)")
-    return Path(list(spec.submodule_search_locations)[0])
+
+def _without_cwd() -> list:
+    """sys.path without the current directory (`python -m` and `python -c` put it first)."""
+    cwd = Path(os.getcwd()).resolve()
+    return [p for p in sys.path if p not in ("", ".") and Path(p).resolve() != cwd]
+
+
+def _bridge_root() -> Path:
+    """The installed megatron.bridge package directory (found without importing it, and never
+    one under the current directory)."""
+    import importlib.machinery
+
+    cwd = Path(os.getcwd()).resolve()
+    for entry in _without_cwd():
+        megatron = importlib.machinery.PathFinder.find_spec("megatron", [entry])
+        for loc in (megatron.submodule_search_locations or []) if megatron is not None else []:
+            root = Path(loc) / "bridge"
+            if (root / "__init__.py").is_file():
+                if root.resolve().is_relative_to(cwd):
+                    raise InputError(WHERE, f"the megatron.bridge found ({root}) lies inside the current "
+                                            "directory; it is not imported (run from elsewhere)")
+                return root
+    raise InputError(WHERE, "megatron-bridge is not installed in this Python "
+                            "(run where Bridge imports, e.g. its container; or pass the "
+                            "config its logger.save_config_filepath / cfg.to_yaml() wrote)")
 
 
 def _modules_defining(name: str) -> tuple[list[str], bool]:
@@ -77,10 +102,15 @@ def _modules_defining(name: str) -> tuple[list[str], bool]:
 def resolve(name: str) -> tuple[str, str]:
     """(module, function) for a recipe NAME or `module:function`."""
     text = (name or "").strip()
+    if not text:
+        raise InputError(WHERE, "is empty")
     if ":" in text:
         module, _, function = text.partition(":")
         if not _MODULE.match(module) or not _NAME.match(function):
             raise InputError(WHERE, f"{name!r} is not module:function")
+        if not _in_packages(module):
+            raise InputError(WHERE, f"{module} is not a module of {' or '.join(PACKAGES)}: only Bridge's "
+                                    "own recipes are built and called")
         return module, function
     if not _NAME.match(text):
         raise InputError(WHERE, f"{name!r} is not a recipe function name "
@@ -93,34 +123,51 @@ def resolve(name: str) -> tuple[str, str]:
     return modules[0], text
 
 
+def _call(what: str, fn, *args, **kwargs):
+    """`fn(*args)` with Bridge's prints kept off stdout; anything it raises (SystemExit, a
+    debugger's BdbQuit) becomes one error line. Ctrl-C stays an interruption."""
+    try:
+        with contextlib.redirect_stdout(io.StringIO()):
+            return fn(*args, **kwargs)
+    except KeyboardInterrupt:
+        raise
+    except InputError:
+        raise
+    except BaseException as exc:   # noqa: BLE001 - what Bridge raised is the reason
+        raise InputError(WHERE, f"{what} raised {_one_line(exc)}") from None
+
+
 def _one_line(exc: BaseException) -> str:
     text = " ".join(str(exc).split())
     return f"{type(exc).__name__}: {text[:400]}" if text else type(exc).__name__
 
 
 def build_yaml(name: str, overrides: list[str] = ()) -> str:
-    """The ConfigContainer dump (YAML text) of recipe `name` with Bridge `overrides` applied."""
-    import importlib
-    import logging
-
+    """The ConfigContainer dump (YAML text) of recipe `name` with Bridge `overrides` applied.
+    Everything Bridge imports on the way, lazily too, is looked up without the current directory."""
     module_name, function = resolve(name)
     # torch's CUDA build logs a warning at import on a machine without a GPU runtime
     # (torch/utils/cpp_extension.py); the tool's stderr stays its own one-line contract
     logging.getLogger("torch.utils.cpp_extension").setLevel(logging.ERROR)
-    quiet = io.StringIO()
+    root = _bridge_root()
+    saved = list(sys.path)
+    sys.path[:] = _without_cwd()
     try:
-        with contextlib.redirect_stdout(quiet):
-            module = importlib.import_module(module_name)
-    except Exception as exc:   # noqa: BLE001 - what Bridge's import raised is the reason
-        raise InputError(WHERE, f"megatron-bridge did not import ({module_name}): {_one_line(exc)}") from None
+        return _build(root, module_name, function, overrides)
+    finally:
+        sys.path[:] = saved
+
+
+def _build(root: Path, module_name: str, function: str, overrides) -> str:
+    bridge = _call("importing megatron.bridge", importlib.import_module, "megatron.bridge")
+    if not Path(bridge.__file__).resolve().is_relative_to(root.resolve()):
+        raise InputError(WHERE, f"megatron.bridge imported from {bridge.__file__}, not from {root}")
+    module = _call(f"importing {module_name}", importlib.import_module, module_name)
     fn = getattr(module, function, None)
-    if not callable(fn):
-        raise InputError(WHERE, f"{module_name} has no recipe function {function!r}")
-    try:
-        with contextlib.redirect_stdout(quiet):
-            cfg = fn()
-    except Exception as exc:   # noqa: BLE001 - e.g. its Hugging Face config.json is not reachable
-        raise InputError(WHERE, f"{function}() raised {_one_line(exc)}") from None
+    if not inspect.isfunction(fn) or not _in_packages(getattr(fn, "__module__", "") or ""):
+        raise InputError(WHERE, f"{module_name}.{function} is not a recipe function of "
+                                f"{' or '.join(PACKAGES)}")
+    cfg = _call(f"{function}()", fn)
     if not hasattr(cfg, "to_yaml"):
         raise InputError(WHERE, f"{function}() returned {type(cfg).__name__}, not a ConfigContainer")
     if overrides:
@@ -130,18 +177,15 @@ def build_yaml(name: str, overrides: list[str] = ()) -> str:
             raise InputError("--set", "Bridge's override code did not import (megatron.bridge."
                                       f"training.utils.omegaconf_utils): {_one_line(exc)}") from None
         try:
-            with contextlib.redirect_stdout(quiet):
-                cfg = process_config_with_overrides(cfg, cli_overrides=list(overrides))
-        except Exception as exc:   # noqa: BLE001 - Hydra's own message names the key
+            cfg = _call("Bridge's override code", process_config_with_overrides, cfg,
+                        cli_overrides=list(overrides))
+        except InputError as exc:   # Hydra's own message names the key
             raise InputError("--set " + " ".join(overrides), f"Bridge refused the overrides: "
-                                                            f"{_one_line(exc)}") from None
+                                                            f"{exc.reason}") from None
     fd, tmp = tempfile.mkstemp(suffix=".yaml", prefix="recipe-")
     os.close(fd)
     try:
-        with contextlib.redirect_stdout(quiet):
-            cfg.to_yaml(tmp)
+        _call("ConfigContainer.to_yaml", cfg.to_yaml, tmp)
         return Path(tmp).read_text(encoding="utf-8")
-    except Exception as exc:   # noqa: BLE001
-        raise InputError(WHERE, f"ConfigContainer.to_yaml failed: {_one_line(exc)}") from None
     finally:
         Path(tmp).unlink(missing_ok=True)

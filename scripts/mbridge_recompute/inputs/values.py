@@ -9,6 +9,7 @@ megatron.
 
 from __future__ import annotations
 
+import re
 import types
 import typing
 from typing import Any
@@ -26,6 +27,9 @@ MAX_INT = 2**31 - 1
 MAX_MICROBATCHES = 1_000_000
 MAX_SET_CHARS = 100_000
 _HINTS = typing.get_type_hints(Workload)
+# A number in exponent form without a dot (1e308, 5e-1): YAML 1.1's float needs the dot, so
+# PyYAML hands it over as text
+_EXPONENT = re.compile(r"[-+]?(?:\d+\.?\d*|\.\d+)[eE][-+]?\d+")
 
 # TransformerConfig fields outside Workload that the memory model reads (memory/shape.py,
 # memory/peak.py): checked here like Workload fields, so a bad value is exit 2 naming it
@@ -151,6 +155,8 @@ def _coerce_type(hint, value: Any, where: str, meta) -> Any:
             raise InputError(where, f"must be at most {limit}, got {value}")
         return value
     if hint is float:
+        if isinstance(value, str) and _EXPONENT.fullmatch(value.strip()):
+            value = float(value)        # YAML 1.1 reads 1e308 (no dot) as text; it is a number
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             raise InputError(where, f"must be a number, got {short(value)}")
         if not abs(value) <= MAX_INT:   # written so that nan fails too (YAML reads .nan, .inf)

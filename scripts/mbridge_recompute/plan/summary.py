@@ -82,11 +82,12 @@ def workload_summary(w, setting: RecomputeSetting) -> dict:
             "cp": w.context_parallel_size, "ep": w.expert_model_parallel_size,
             "dp": w.data_parallel_size, "seq_length": w.seq_length,
             "micro_batch_size": w.micro_batch_size, "num_microbatches": w.num_microbatches,
-            "num_gpus": gpus, "num_gpus_given": w.num_gpus is not None,
+            "num_gpus": gpus, "num_gpus_given": not w.world_assumed, "num_gpus_from": w.num_gpus_from,
             "gpu_memory_gb": w.gpu_memory_gb, "gpu_capacity_bytes": capacity(w).bytes,
             "gpu_capacity": capacity(w).how, "recompute": setting.describe(),
             "precision": precision(w), "precision_from": precision_from(w),
             "parallelism_from": parallelism_from(w), "attention_backend": w.attention_backend,
             "attention_core": attention_core(w), "transformer_impl": w.transformer_impl,
             "fusions": fusions_on(w),
-            "defaults_source": getattr(w, "defaults_source", None) or "mcore"}
+            "defaults_source": getattr(w, "defaults_source", None) or "mcore",
+            "input_notes": list(w.input_notes)}
