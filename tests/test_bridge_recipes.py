@@ -271,3 +271,15 @@ def test_an_unknown_recipe_name_is_one_line(tmp_path):
     proc = bridge_tool(tmp_path, "plan", "--recipe", "llama3_9b_pretrain_config")
     assert proc.returncode == 2, proc.stderr
     assert proc.stderr.strip().startswith("error: --recipe: no recipe function"), proc.stderr
+
+
+def test_the_gpt_oss_recipe_checks_clean_with_the_live_validator(tmp_path):
+    """GPT-OSS's provider sets activation_func to fused_bias_geglu.quick_gelu with
+    bias_activation_fusion (models/gpt_oss/gpt_oss_bridge.py:37,82 @ 0.6.2); megatron-core 0.19.2
+    accepts that, and so must check."""
+    home = hf_cache(tmp_path / "hf")
+    proc = bridge_tool(home, "check", "--recipe", "gpt_oss_20b_pretrain_16gpu_h100_bf16_config", "--json")
+    report = json.loads(proc.stdout)
+    assert report["validator"] == "live", proc.stderr[-3000:]
+    assert not [f for f in report["findings"] if f["severity"] == "error"], report["findings"]
+    assert proc.returncode == 0

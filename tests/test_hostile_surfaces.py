@@ -539,3 +539,91 @@ def test_a_test_child_that_calls_setsid_does_not_survive_run_tests(tmp_path, sle
         os.kill(pid, 9)
     assert not left, "a process the test left outside pytest's group survived"
     assert report.get("orphans_ended", 0) >= 2
+
+
+# ------------------------------------------------------------------ check --run and its fix texts
+def _check_json(*args) -> dict:
+    r = run_script("check", *args, "--json", timeout=120)
+    assert r.returncode in (0, 1), r.stderr
+    return _one_json(r.stdout)
+
+
+def _pre_mlp_fix(release: str, *sets) -> str:
+    args = [MOONLIGHT, "--validator", "builtin", "--mcore-version", release,
+            "--set", "model.recompute_modules=[layernorm]",
+            "--set", "model.cuda_graph_impl=transformer_engine"]
+    for s in sets:
+        args += ["--set", s]
+    found = [f for f in _check_json(*args)["findings"]
+             if f["id"] == "pre-mlp-layernorm-with-moe-router-graph"]
+    assert len(found) == 1
+    return found[0]["fix"]
+
+
+def test_the_pre_mlp_norm_fix_names_the_shared_expert_overlap_when_preprocess_is_captured():
+    fix = _pre_mlp_fix("0.19.2", "model.cuda_graph_modules=[moe_router,moe_preprocess]",
+                       "model.moe_token_dispatcher_type=alltoall", "model.moe_shared_expert_overlap=true")
+    assert "shared-expert overlap is the blocker" in fix and "add moe_preprocess" not in fix
+
+
+@pytest.mark.parametrize("release,key", [("0.16.1", "cuda_graph_scope"), ("0.17.1", "cuda_graph_scope"),
+                                         ("0.18.2", "cuda_graph_modules"), ("0.19.2", "cuda_graph_modules")])
+def test_the_pre_mlp_norm_fix_names_the_capture_list_of_the_release(release, key):
+    fix = _pre_mlp_fix(release, f"model.{key}=[moe_router]", "model.moe_shared_expert_overlap=false")
+    assert f"add moe_preprocess to {key}" in fix
+    if key == "cuda_graph_modules":
+        assert "cuda_graph_scope" not in fix
+
+
+def test_the_pre_mlp_norm_fix_asks_for_the_dispatcher_when_preprocess_is_captured():
+    fix = _pre_mlp_fix("0.19.2", "model.cuda_graph_modules=[moe_router,moe_preprocess]",
+                       "model.moe_token_dispatcher_type=allgather", "model.moe_shared_expert_overlap=false")
+    assert "moe_preprocess is captured already" in fix and "alltoall" in fix
+
+
+def test_check_run_with_only_a_log_names_the_cause():
+    report = _check_json("--run", EXAMPLES / "logs" / "oom" / "backward.log")
+    assert not report["ok"]
+    ids = [f["id"] for f in report["findings"]]
+    assert "run-failed-activations" in ids, ids
+    r = run_script("check", "--run", EXAMPLES / "logs" / "oom" / "backward.log")
+    assert "no difference can be looked for" in r.stdout
+
+
+def test_check_run_fix_texts_name_tools_that_exist(tmp_path):
+    import re
+
+    from conftest import SCRIPTS
+
+    cases = [EXAMPLES / "logs" / "oom" / n for n in ("backward.log", "fragmentation.log",
+                                                     "optimizer_state_init.log")]
+    crash = tmp_path / "crash.log"
+    crash.write_text('Traceback (most recent call last):\n  File "x.py", line 1, in f\nRuntimeError: boom\n')
+    fine = tmp_path / "fine.log"
+    fine.write_text((ROOT / "tests" / "fixtures" / "logs" / "pass.log").read_text())
+    for log in [*cases, crash, fine]:
+        for f in _check_json("--run", log)["findings"]:
+            for tool in re.findall(r"\b([a-z_]+\.py)\b(?!:)", f["fix"]):
+                assert (SCRIPTS / tool).is_file(), (log.name, f["id"], tool)
+
+
+def test_the_asked_line_shows_what_the_command_asked(tmp_path):
+    d = _run_dir(tmp_path, dump=DUMP, manifest=json.dumps({"argv": [
+        "torchrun", "scripts/performance/run_script.py", "model.recompute_modules=[mlp]",
+        "--recompute_modules", "moe_act"]}))
+    r = run_script("check", "--run", d)
+    asked = next(line for line in r.stdout.splitlines() if line.strip().startswith("asked"))
+    assert "model.recompute_modules=[mlp]" in asked and "--recompute_modules moe_act" in asked
+
+
+def test_no_none_promoted_warning_on_a_full_recompute_run(tmp_path):
+    dump = ("model:\n  recompute_granularity: full\n  recompute_modules: [core_attn]\n"
+            "  recompute_method: block\n  recompute_num_layers: 2\n")
+    d = _run_dir(tmp_path, dump=dump, manifest=json.dumps({"argv": [
+        "torchrun", "scripts/performance/run_script.py", "-rl", "2"]}))
+    report = _check_json("--run", d)
+    assert not [f for f in report["findings"] if f["id"] == "run-none-promoted"], report["findings"]
+    d2 = _run_dir(tmp_path, "cand", dump=dump, manifest=json.dumps({
+        "setting": {"recompute_granularity": "full", "recompute_modules": None, "recompute_method": "block",
+                    "recompute_num_layers": 2}}))
+    assert not [f for f in _check_json("--run", d2)["findings"] if f["id"] == "run-none-promoted"]

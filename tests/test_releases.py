@@ -138,3 +138,17 @@ def test_0_19_2_rejects_what_its_transformer_config_rejects_without_it_installed
     live = differential("0.19.2")
     gdp = next(r for r in live["results"] if r["name"] == "30 sel gdp_qkv")
     assert gdp["live"][:2] == ["reject", "modules-invalid-label"]
+
+
+@pytest.mark.parametrize("release", RELEASES)
+def test_a_fused_quick_gelu_passes_that_releases_transformer_config(release):
+    """The live validator hands TransformerConfig the quick_gelu it compares against (its own
+    module's, from fusions/fused_bias_geglu), so GPT-OSS's gated quick_gelu with
+    bias_activation_fusion is accepted, as Bridge's provider builds it; the one from
+    megatron/core/activations.py was refused with a false bias_activation_fusion error."""
+    proc = run_in(release, "-W", "ignore", "-m", "mbridge_recompute", "check", "--validator", "live",
+                  "--set", "model.activation_func=quick_gelu", "--set", "model.gated_linear_unit=true",
+                  "--set", "model.bias_activation_fusion=true", "--json")
+    report = json.loads(proc.stdout)
+    assert report["validator"] == "live", proc.stderr[-2000:]
+    assert not [f for f in report["findings"] if f["severity"] == "error"], report["findings"]

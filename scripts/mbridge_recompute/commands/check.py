@@ -80,7 +80,7 @@ def run(args) -> int:
 
         add_ignored_labels(effective, report)
         report["run"] = effective.to_dict()
-        report["findings"] += _run_findings(effective)
+        report["findings"] += _run_findings(effective, parsed)
         report.setdefault("validator", "none (the run's dump is not a whole workload)")
         report.setdefault("release", release.to_dict())
     report["ok"] = not errors(report["findings"])
@@ -157,7 +157,7 @@ def _fields_of_other_releases(w, key: str) -> list:
     return sorted({n for n in given if n not in mine and n in others})
 
 
-def _run_findings(s) -> list:
+def _run_findings(s, parsed=None) -> list:
     from mbridge_recompute.logs.effective import FIXES
 
     out = []
@@ -168,13 +168,32 @@ def _run_findings(s) -> list:
             f"run-{d['cause']}", severity,
             f"{d['field']}: asked {asked!r}, ran {d['ran']!r} -- {d['why']}",
             FIXES[d["cause"]], "logs/effective.py", "run"))
-    if s.error and not s.differences:
+    if s.differences or parsed is None:
+        return out
+    # no difference to explain: what the log itself says about why the run failed (diagnose's
+    # reading of the same lines, gathered while the log was parsed)
+    from mbridge_recompute.logs import diagnose
+
+    report = diagnose.diagnose(parsed)
+    for f in report["findings"]:
+        explains = f["kind"] in diagnose.EXPLAINING_KINDS or (
+            f["kind"] in ("config", "runtime") and f["severity"] == "error")
+        if not explains:
+            continue
+        ident = f.get("constraint_id") or f.get("id") or f["kind"]
+        out.append(_finding(f"run-failed-{f['kind']}", "error", f"the run failed ({ident}): {f['evidence']}",
+                            f["next_action"], f.get("source") or "logs/diagnose.py", "run"))
+    if s.error and not out:
         out.append(_finding("run-failed", "error", f"the run failed: {s.error}",
-                            "diagnose_oom.py / diagnose.py on its log names the cause", "logs/runlog.py",
-                            "run"))
+                            "diagnose.py on its log names the cause when it is one it knows; read the "
+                            "traceback it ends", "logs/runlog.py", "run"))
+    if s.ran is None and not out:
+        out.append(_finding("run-setting-unknown", "info",
+                            "the run left no config dump (ConfigContainer.yaml), so what ran is not known; "
+                            "its log shows no failure",
+                            "give the dump with --run-config, or run through run_harness.py, which has the "
+                            "rank write it (--save_config_filepath)", "logs/effective.py", "run"))
     return out
-
-
 
 
 def render(report: dict) -> str:
@@ -188,12 +207,13 @@ def render(report: dict) -> str:
     run = report.get("run")
     if run:
         lines += ["", f"run: {run['run']}",
-                  f"  asked ({run['asked_from']}): {_setting_text(run['asked'])}",
+                  f"  asked ({run['asked_from']}): {_asked_text(run)}",
                   f"  ran ({run['ran_from']}): {_setting_text(run['ran']) if run['ran'] else 'unknown'}"]
         if run.get("error"):
             lines.append(f"  error: {run['error']}")
         if not run["differences"]:
-            lines.append("  no difference")
+            lines.append("  no difference" if run["ran"] else
+                         "  what ran is unknown (no config dump): no difference can be looked for")
     findings = report["findings"]
     for severity in _ORDER:
         group = [f for f in findings if f["severity"] == severity]
@@ -216,6 +236,15 @@ def render(report: dict) -> str:
     from mbridge_recompute.output import wrap_all
 
     return "\n".join(wrap_all(lines))
+
+
+def _asked_text(run: dict) -> str:
+    """What the command asked, as it said it: its recompute tokens in order (a Hydra override and
+    the flag that overrides it both show), else the candidate's fields."""
+    tokens = list(dict.fromkeys(r["token"] for r in run.get("requests") or []))
+    if run["asked_from"] == "argv" and tokens:
+        return "; ".join(tokens)
+    return _setting_text(run["asked"])
 
 
 def _setting_text(s) -> str:

@@ -173,7 +173,8 @@ def differences(s: RunSetting) -> list:
         asked, ran = s.asked.get(name, _ABSENT), s.ran.get(name)
         if _same(asked, ran) or _inert(s, name):
             continue
-        cause = "flag-order" if _flag_won(s.requests, name, ran) else _unrequested_cause(name, ran)
+        cause = "flag-order" if _flag_won(s.requests, name, ran) else \
+            _unrequested_cause(name, ran, s.ran.get("recompute_granularity"))
         if cause is None:
             cause = "unexplained"
         out.append({"field": name, "asked": None if asked is _ABSENT else asked, "ran": ran,
@@ -203,10 +204,12 @@ def _flag_won(requests: list, name: str, ran) -> bool:
     return False
 
 
-def _unrequested_cause(name: str, ran) -> Optional[str]:
-    """Why a field the command left as None (or did not name) ran with a value."""
+def _unrequested_cause(name: str, ran, granularity=None) -> Optional[str]:
+    """Why a field the command left as None (or did not name) ran with a value. The labels are
+    read only under selective recompute (tc:1196 @ core_v0.16.1), so their promotion to
+    [core_attn] on a full-recompute run changes nothing and is not a difference."""
     if name == "recompute_modules" and ran == ["core_attn"]:
-        return "none-promoted"
+        return "none-promoted" if granularity == "selective" else None
     if name in ("recompute_method", "recompute_num_layers") and ran is not None:
         return "recipe-leak"
     return None
@@ -224,6 +227,8 @@ def _by_request(s: RunSetting) -> list:
         if r.source == "hydra" and any(x.source == "flag" for x in later):
             cause = "flag-order"
         elif r.field == "recompute_modules" and r.value is None and ran == ["core_attn"]:
+            if s.ran.get("recompute_granularity") != "selective":
+                continue              # labels are not read outside selective: nothing changed
             cause = "none-promoted"
         else:
             cause = "unexplained"
@@ -235,7 +240,7 @@ def _by_request(s: RunSetting) -> list:
     for name in FIELDS:
         if name in named:
             continue
-        cause = _unrequested_cause(name, s.ran.get(name))
+        cause = _unrequested_cause(name, s.ran.get(name), s.ran.get("recompute_granularity"))
         if cause == "recipe-leak" and s.ran.get("recompute_granularity") != "selective":
             cause = None              # the recipe's own full recompute, asked for by nothing else
         if cause:

@@ -48,6 +48,7 @@ class Hit:
     # The memory model and the planner price the setting without them (one effective setting).
     disables: tuple = ()
     upstream: Optional[str] = None     # megatron-core's message with its f-string parts filled in
+    fix: Optional[str] = None          # a fix for this very case, in place of the card's general one
 
 
 def _python_set(items) -> str:
@@ -1128,14 +1129,30 @@ def _pre_mlp_ln_graph(s: State):
     if not (s.selective("layernorm") and w.is_moe and w.cuda_graph_impl == "transformer_engine"
             and "moe_router" in s.scopes):
         return None
+    # the capture list is cuda_graph_modules from 0.18 (cuda_graph_scope is its deprecated alias)
+    key = "cuda_graph_modules" if s.has_modules_field else "cuda_graph_scope"
+    drop = "or drop layernorm from recompute_modules (it saves nothing here)"
     if s.has_shared_experts and w.moe_shared_expert_overlap:
+        # checked before the capture list: no scope brings the norm back (tl:467-479 @ 0.19.2)
         return Hit("layernorm with a moe_router graph and shared-expert overlap: the pre-MLP norm "
-                   "recompute is switched off", disables=(("layernorm", "moe"),))
+                   "recompute is switched off", disables=(("layernorm", "moe"),),
+                   upstream="pre_mlp_layernorm recompute is not supported with moe router cudagraph + "
+                            "shared expert overlap. Disabling pre_mlp_layernorm recompute.",
+                   fix="the shared-expert overlap is the blocker: the shared expert reads the norm's "
+                       "output outside the graph, whatever it captures; set moe_shared_expert_overlap="
+                       f"false to keep the saving, {drop}")
     if "moe_preprocess" in s.scopes and (w.moe_token_dispatcher_type == "alltoall"
                                          or s.extra.get("moe_latent_size")):
         return None
+    if "moe_preprocess" in s.scopes:
+        return Hit(f"layernorm with moe_router and moe_preprocess graphs and the "
+                   f"{w.moe_token_dispatcher_type} dispatcher: the pre-MLP norm recompute is switched off",
+                   disables=(("layernorm", "moe"),),
+                   fix=f"moe_preprocess is captured already; the norm also needs the alltoall dispatcher "
+                       f"(moe_token_dispatcher_type=alltoall) or latent MoE, {drop}")
     return Hit("layernorm with a moe_router graph (without moe_preprocess + alltoall): the pre-MLP "
-               "norm recompute is switched off", disables=(("layernorm", "moe"),))
+               "norm recompute is switched off", disables=(("layernorm", "moe"),),
+               fix=f"add moe_preprocess to {key} with the alltoall dispatcher, {drop}")
 
 
 @rule("modules-none-promoted")
@@ -1416,6 +1433,8 @@ def evaluate(w, version: Optional[releases.ReleaseLike] = None, te_version: Opti
 
 def _finding_of(cid: str, version: str, hit: Hit) -> dict:
     f = finding(cid, "builtin", version, hit.detail, severity=hit.severity, upstream=hit.upstream)
+    if hit.fix:
+        f["fix"] = hit.fix
     if hit.disables:
         f["disables"] = [list(d) for d in hit.disables]
     return f

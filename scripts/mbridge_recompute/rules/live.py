@@ -69,15 +69,26 @@ class Outcome:
 
 
 def _activation(name: str):
+    """The function object a Bridge provider hands TransformerConfig for activation `name`.
+
+    TransformerConfig tests activations by identity (`self.activation_func == quick_gelu`,
+    `not in [F.gelu, F.silu, quick_gelu]`, transformer_config.py:2115-2134 @ megatron-core 0.19.2),
+    against the names its own module imports: quick_gelu from fusions/fused_bias_geglu
+    (transformer_config.py:31 @ 0.19.2, :15 @ core_v0.16.1), which is also the one Bridge's GPT-OSS
+    provider sets (models/gpt_oss/gpt_oss_bridge.py:37,82 @ megatron-bridge 0.6.2). The same-named
+    function in megatron/core/activations.py is another object and fails those tests, so a name is
+    looked up in the config module first, then torch, then activations.py.
+    """
     import torch.nn.functional as F
 
     if name in ("silu", "gelu", "relu", "sigmoid", "tanh"):
         return getattr(F, name)
     if name in ("squared_relu", "quick_gelu", "fast_gelu", "erf_gelu"):
         from megatron.core import activations
+        from megatron.core.transformer import transformer_config
 
-        fn = getattr(activations, name, None)
-        if fn is not None:
+        fn = getattr(transformer_config, name, None) or getattr(activations, name, None)
+        if callable(fn):
             return fn
     return F.gelu
 
