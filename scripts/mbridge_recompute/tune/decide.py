@@ -32,7 +32,8 @@ PROCEDURE = (
     "6. stop when a run passed and no cheaper setting is predicted to pass (the answer is the "
     "passing run with the shortest step time), when the run budget is spent, when nothing left "
     "is predicted to fit, or when a failure is one recompute cannot fix (static memory, "
-    "fragmentation, a baseline that fails for another reason, an unmatched comparison)",
+    "fragmentation, a baseline that fails for another reason, an unmatched comparison, offsets "
+    "the plan refuses as impossible)",
 )
 
 # diagnose's kinds that no recompute setting changes

@@ -215,5 +215,6 @@ def measure(run, manifest: Optional[dict], baseline, w, candidate: str) -> Measu
                     unmatched=list(row["reasons"]), notes=list(row["notes"]))
     if m.status != "pass":
         m.diagnosis = _diagnosis(run)
-    m.last_line = next((ln.strip() for ln in reversed(run.lines) if ln.strip()), "")[:300]
+    m.last_line = next((ln.strip() for ln in reversed(run.lines) if ln.strip()), "")[:300] or \
+        str((manifest or {}).get("error") or "")[:300]
     return m

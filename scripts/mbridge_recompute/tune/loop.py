@@ -173,7 +173,10 @@ class Tuner:
         """(decision, calibration record) for the next step."""
         if not state.runs:
             return rules.first_round(self.plan0, self.baseline_name, self.current, self.models.extra), None
-        report, offsets = self.calibrated(state)
+        try:
+            report, offsets = self.calibrated(state)
+        except Rejected as exc:          # plan refuses offsets that make a term negative
+            return rules.Decision(stop="calibration-refused", why=f"{exc.field}: {exc.reason}"), None
         s = self.situation(state, report, offsets)
         decision = rules.next_round(s)
         cal = offsets.to_dict()
