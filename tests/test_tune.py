@@ -17,6 +17,8 @@ from __future__ import annotations
 
 import json
 import os
+import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -330,3 +332,32 @@ def test_history_without_matplotlib_exits_2_naming_the_plot(finished_moonlight, 
     assert "Traceback" not in proc.stderr and not (out / "tune.png").exists()
     assert run_script("tune", "--from", out / "tune.json", "--no-plot", env=env).returncode == 0
     assert not (out / "tune.png").exists()
+
+
+# ------------------------------------------------------------------ stops that name their cause
+
+def test_a_baseline_that_cannot_start_stops_the_tune_saying_why(bridge, tmp_path):
+    repo, env = bridge
+    proc = moonlight(repo, env, tmp_path / "runs", "--torchrun", str(tmp_path / "no" / "torchrun"))
+    assert proc.returncode == 1, proc.stderr
+    report = json.loads(proc.stdout)
+    assert report["stop"]["reason"] == "baseline-failed" and report["answer"] is None
+    assert "not-started" in report["stop"]["why"] and "No such file" in report["stop"]["why"]
+
+
+def test_a_measurement_the_plan_calls_impossible_stops_the_tune_with_the_plans_reason(bridge, tmp_path):
+    """A control that reports 1.6 GB where the model holds ~20 GB of weights and optimizer state:
+    the plan refuses an offset that makes a term negative, and the tune stops on it."""
+    repo, env = bridge
+    sweep = tmp_path / "sweep"
+    shutil.copytree(MOONLIGHT / "empty", sweep / "empty")
+    log = sweep / "empty" / "log.txt"
+    log.write_text(re.sub(r"mem-max-allocated-gigabytes: [\d.]+", "mem-max-allocated-gigabytes: 1.6",
+                          log.read_text()))
+    proc = run_script("tune", EXAMPLES / "moonlight_16b.yaml", "--repo", repo, "--iterations", "20",
+                      "--out", tmp_path / "runs", "--json", "--launch", "--", *MOONLIGHT_ARGS,
+                      env={**env, "REPLAY_SWEEP": str(sweep)})
+    assert proc.returncode == 1, proc.stderr
+    report = json.loads(proc.stdout)
+    assert report["stop"]["reason"] == "calibration-refused" and "static" in report["stop"]["why"]
+    assert report["answer"] is None          # the workload is not the job that ran

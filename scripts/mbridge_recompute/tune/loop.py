@@ -29,6 +29,9 @@ from mbridge_recompute.tune.state import RunRecord, TuneState, now
 # stops a later command may go on from: an interrupted tune, or a run budget a larger
 # --max-runs extends
 RESUMABLE = ("interrupted",)
+# stops after which no run is an answer: the runs are not comparable evidence (unmatched), or the
+# model and the measurements disagree beyond any offset (the workload is not the job that ran)
+NO_ANSWER = ("unmatched", "calibration-refused")
 
 
 @dataclass
@@ -328,7 +331,7 @@ class Tuner:
 
     def _stop(self, state: TuneState, stop: dict, launch: bool) -> None:
         state.stop = {**stop, "at": now()}
-        state.answer = self.answer(state)
+        state.answer = None if stop["reason"] in NO_ANSWER else self.answer(state)
         if launch:
             state.save(self.opts.root)
 
