@@ -23,7 +23,10 @@ INVARIANTS = {
                          "setting and of every priced candidate (a calibrated plan's static part "
                          "includes the unexplained offset, which is kept constant as static memory is)",
     "terms-non-negative": "every activation component, transient, static term, host-memory figure and "
-                          "in-flight count is >= 0, and a rank's peak is static + activations + transient",
+                          "in-flight count is >= 0, and a rank's peak is static + the larger of "
+                          "activations + transient and the optimizer step's temporaries",
+    "allocated-within-device": "a rank's allocated peak (what max_memory_allocated counts) is > 0 and "
+                               "at most its device peak; its first-iteration figure at most that",
     "label-saving-within-tensors": "a label saves at most what its tensors hold: per layer no more than "
                                    "the layer keeps, per rank no more than the [] control's "
                                    "activations and transient there",
@@ -76,14 +79,22 @@ def _ranks(r: dict) -> None:
         terms = {f"activations.{k}": v for k, v in rank["activations"].items()}
         terms.update({f"static.{k}": v for k, v in rank["static"].items()})
         terms.update({f"transients.{k}": v for k, v in rank["transients"].items()})
-        terms.update({k: rank[k] for k in ("activation_bytes", "transient_bytes",
+        terms.update({k: rank[k] for k in ("activation_bytes", "transient_bytes", "step_bytes",
                                            "in_flight_microbatches", "host_bytes") if k in rank})
         for k, v in terms.items():
             if v < 0:
                 raise InvariantViolation("terms-non-negative", f"{where}.{k} = {v}")
-        if rank["peak_bytes"] != rank["static_bytes"] + rank["activation_bytes"] + rank["transient_bytes"]:
+        moment = max(rank["activation_bytes"] + rank["transient_bytes"], rank.get("step_bytes", 0))
+        if rank["peak_bytes"] != rank["static_bytes"] + moment:
             raise InvariantViolation("terms-non-negative", f"{where}: peak {rank['peak_bytes']} is not "
-                                     "static + activations + transient")
+                                     "static + max(activations + transient, step)")
+        if "allocated_peak_bytes" in rank and not (
+                0 < rank["first_iteration_allocated_bytes"] <= rank["allocated_peak_bytes"]
+                <= rank["peak_bytes"]):
+            raise InvariantViolation("allocated-within-device", f"{where}: allocated "
+                                     f"{_gb(rank['allocated_peak_bytes'])} (iteration 1 "
+                                     f"{_gb(rank['first_iteration_allocated_bytes'])}), device "
+                                     f"{_gb(rank['peak_bytes'])}")
         if abs(sum(rank["activations"].values()) - rank["activation_bytes"]) > len(rank["activations"]):
             raise InvariantViolation("terms-non-negative", f"{where}: the activation components do "
                                      "not sum to the activations")
