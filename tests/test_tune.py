@@ -191,11 +191,15 @@ def test_a_setting_the_sweep_never_ran_is_reported_as_such_and_the_tune_goes_on(
     runs = {r["candidate"]: r for r in report["runs"]}
     unpublished = [c for c, r in runs.items() if "no published run" in r["verdict"]["why"]]
     assert unpublished and all(runs[c]["measurement"]["returncode"] == 3 for c in unpublished)
+    assert all(runs[c]["verdict"]["passed"] is False for c in unpublished)
     assert "frees 0.677 GB at the matched point, less than the 0.80 GB asked" in \
         runs["moe_act"]["verdict"]["why"]
     assert report["stop"]["reason"] == "run-budget" and report["answer"] is None
-    # recorded: 6 runs, of which 2 have no published outcome
-    assert len(runs) == 6 and len(unpublished) == 2
+    # recorded: 6 runs (the budget), of which those with no published outcome
+    assert len(runs) == 6 and ran(report)[:3] == ["[]", "moe_act", "layernorm,moe_act"]
+    # every run measured what the model overestimated: the largest offset lowers later predictions
+    steps = report["steps"]
+    assert steps[2]["calibration"]["rank_offset_bytes"][0] > steps[1]["calibration"]["rank_offset_bytes"][0]
 
 
 # ------------------------------------------------------------------ dry run and safety

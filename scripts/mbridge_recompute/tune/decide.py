@@ -24,8 +24,8 @@ PROCEDURE = (
     "that a run the model calls heavier got through is that setting's own, not carried over",
     "4. re-plan with those offsets; run the cheapest setting not yet run whose predicted peak "
     "fits the budget on every rank (at the band's upper edge where the plan reports one) and, "
-    "with --free-gb, frees that much against the baseline; with two runs left, also its cheaper "
-    "neighbour when that one fits at the point estimate only",
+    "with --free-gb, frees that much against the baseline's measured peak; with two runs left, "
+    "also its cheaper neighbour when that one fits at the point estimate only",
     "5. a run passes when compare says pass, it is matched with the baseline, its peak allocated "
     "plus what the model puts on the device beyond it (the residual) fits the budget and, with "
     "--free-gb, it frees that much at the matched point",
@@ -153,11 +153,16 @@ class Situation:
     runs_left: int
     allowed: Optional[set] = None      # --candidates: only these (setting_key of each)
     extra: object = None               # (setting, pp_rank) -> the model's device less allocated peak
+    base_measured: Optional[int] = None   # the baseline's measured peak allocated on target_rank
 
 
 def _saving(s: Situation, c) -> int:
-    """What `c` frees against the baseline on the target rank, as the calibrated plan predicts
-    (the offsets are the same for both, so this is the modelled difference)."""
+    """What `c` is predicted to free against the baseline on the target rank: the baseline's
+    measured peak allocated less `c`'s calibrated one (whose offset is the largest any run
+    showed, so a run that saved less than modelled lowers every other prediction too); before the
+    baseline measured anything, the modelled difference."""
+    if s.base_measured is not None:
+        return s.base_measured - _allocated(s, c, s.target_rank)
     return s.base.rank_peak(s.target_rank) - c.rank_peak(s.target_rank)
 
 

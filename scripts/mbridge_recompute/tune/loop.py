@@ -25,6 +25,7 @@ from mbridge_recompute.tune import decide as rules
 from mbridge_recompute.tune.calibrate import Models, anchor, observe
 from mbridge_recompute.tune.evidence import Measurement, measure, read_run
 from mbridge_recompute.tune.state import RunRecord, TuneState, now
+from mbridge_recompute.units import GB
 
 # stops a later command may go on from: an interrupted tune, or a run budget a larger
 # --max-runs extends
@@ -153,6 +154,8 @@ class Tuner:
         done = {r.candidate: rules.Verdict(**r.verdict) for r in state.finished() if r.verdict}
         ms = {m.candidate: m for m in self.measurements(state)}
         target = self._target_rank(ms.get(self.baseline_name), base)
+        base_m = ms.get(self.baseline_name)
+        measured = [p.allocated_gb for p in (base_m.steady if base_m else []) if p.pp_rank == target]
         return rules.Situation(
             candidates=cands, base=base, diagnosis=report.diagnosis, baseline=self.baseline_name,
             budget=self.budget, need=self.need, target_rank=target, done=done,
@@ -160,7 +163,7 @@ class Tuner:
             step_times={c: m.step_time_ms for c, m in ms.items()},
             against_model=dict(offsets.against_model),
             runs_left=self.opts.max_runs - state.runs_started, allowed=self.allowed,
-            extra=self.models.extra)
+            extra=self.models.extra, base_measured=int(max(measured) * GB) if measured else None)
 
     @staticmethod
     def _target_rank(baseline: Optional[Measurement], base) -> int:
