@@ -216,3 +216,26 @@ def test_a_round_never_repeats_a_run_and_only_runs_what_is_predicted_to_pass_che
             assert decide.fits(s, c)
         else:
             assert decide.point_fits(s, c) and c.cost_pct <= by_name[d.runs[0].candidate].cost_pct
+
+
+def _situation(report, models, cands, runs_left: int) -> decide.Situation:
+    base = next(c for c in cands if c.name == "[]")
+    return decide.Situation(candidates=cands, base=base, diagnosis=None, baseline="[]",
+                            budget=report.budget_bytes, need=None, target_rank=0,
+                            done={"[]": decide.Verdict(False, "ran out of memory")}, costs={"[]": 0.0},
+                            step_times={}, against_model={}, runs_left=runs_left, extra=models.extra)
+
+
+def test_with_two_runs_left_the_cheaper_neighbour_that_fits_at_the_point_estimate_runs_too(moonlight_plan):
+    """What a band does to a plan (its upper edge over the budget, the point estimate under it) is
+    set by hand: `none`, `layernorm` and `mlp` become tight, `moe_act` stays the cheapest fit,
+    and `mlp` is the next cheaper setting."""
+    from dataclasses import replace
+
+    report, models = moonlight_plan
+    tight = ("none", "layernorm", "mlp")
+    cands = [replace(c, fits=c.fits and c.name not in tight) for c in report.candidates]
+    two = decide.next_round(_situation(report, models, cands, runs_left=2))
+    assert [(c.candidate, c.role) for c in two.runs] == [("moe_act", "candidate"), ("mlp", "neighbour")]
+    one = decide.next_round(_situation(report, models, cands, runs_left=1))
+    assert [c.candidate for c in one.runs] == ["moe_act"]
