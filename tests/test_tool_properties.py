@@ -172,8 +172,9 @@ def test_config_keeps_the_contract_for_any_candidate_and_set(sandbox, candidate,
        measured=candidates)
 def test_plan_keeps_the_contract_for_any_set_and_option(sandbox, given_sets, extra, measured):
     argv = _with_sets(["plan", "--json", *extra], given_sets)
-    if "--measured-setting" in argv:
-        argv[argv.index("--measured-setting") + 1] = measured
+    at = argv.index("--measured-setting") + 1 if "--measured-setting" in argv else None
+    if at is not None and at < len(argv):
+        argv[at] = measured
     _run(argv, sandbox)
 
 
