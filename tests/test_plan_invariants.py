@@ -273,6 +273,14 @@ def test_offloading_replay_cost_is_never_negative_and_copy_time_is_its_own_colum
                       "model.fine_grained_activation_offloading=true", "--set",
                       "model.offload_modules=[moe_act,expert_fc1]").stdout
     assert "replay cost -" not in text and "offload copies" in text
+    alt = json.loads(run_script("plan", str(EXAMPLES / "moonlight_16b.yaml"), "--set",
+                                "model.fine_grained_activation_offloading=true", "--set",
+                                "model.offload_modules=[moe_act,expert_fc1]", "--alternatives",
+                                "--json").stdout)
+    # the alternatives rows were at -30 %: the offload copies a recomputed module no longer makes
+    assert alt["alternatives"] and all(a["replay_pct"] >= 0 and a["offload_pct"] >= 0
+                                       for a in alt["alternatives"])
+    assert all(a["cost_pct"] >= 0 for a in alt["alternatives"] if not a["kind"].startswith(("vpp", "cp")))
 
 
 def test_core_attn_adds_memory_under_te_fused_attention_and_says_why():
