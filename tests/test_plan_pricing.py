@@ -210,12 +210,13 @@ def test_plan_reads_only_package_data_so_an_installed_package_plans_the_same(tmp
     site = _installed_copy(tmp_path / "site")
     run = tmp_path / "elsewhere"
     run.mkdir()
+    workload = str(EXAMPLES / "moonlight_16b.yaml")       # its own study flags labels
     probe = ("import sys; sys.path.insert(0, sys.argv[1]); from mbridge_recompute.cli import main; "
-             "main(['plan', '--json'])")
-    installed = subprocess.run([sys.executable, "-c", probe, str(site)], capture_output=True,
+             "main(['plan', sys.argv[2], '--json'])")
+    installed = subprocess.run([sys.executable, "-c", probe, str(site), workload], capture_output=True,
                                text=True, cwd=run, timeout=300, env={"PATH": "/usr/bin:/bin"})
     assert installed.returncode in (0, 1), installed.stderr
-    checkout = run_script("plan", "--json")
+    checkout = run_script("plan", workload, "--json")
     a, b = json.loads(installed.stdout), json.loads(checkout.stdout)
     assert [e["cost_far_below_measured"] for e in a["labels"]] == \
         [e["cost_far_below_measured"] for e in b["labels"]]
