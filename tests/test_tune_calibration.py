@@ -200,7 +200,7 @@ def test_a_round_never_repeats_a_run_and_only_runs_what_is_predicted_to_pass_che
     s = decide.Situation(candidates=report.candidates, base=base, diagnosis=None, baseline="[]",
                          budget=report.budget_bytes, need=need, target_rank=0, done=done,
                          costs={c: costs[c] for c in done}, step_times=times, against_model={},
-                         runs_left=data.draw(st.integers(0, 4)), extra=models.extra)
+                         runs_left=data.draw(st.integers(0, 4)))
     d = decide.next_round(s)
     best = decide.best_passed(s)
     by_name = {c.name: c for c in report.candidates}
@@ -223,7 +223,7 @@ def _situation(report, models, cands, runs_left: int) -> decide.Situation:
     return decide.Situation(candidates=cands, base=base, diagnosis=None, baseline="[]",
                             budget=report.budget_bytes, need=None, target_rank=0,
                             done={"[]": decide.Verdict(False, "ran out of memory")}, costs={"[]": 0.0},
-                            step_times={}, against_model={}, runs_left=runs_left, extra=models.extra)
+                            step_times={}, against_model={}, runs_left=runs_left)
 
 
 def test_with_two_runs_left_the_cheaper_neighbour_that_fits_at_the_point_estimate_runs_too(moonlight_plan):

@@ -152,7 +152,6 @@ class Situation:
     against_model: dict                # candidate -> why: a failure of its own; its label supersets wait
     runs_left: int
     allowed: Optional[set] = None      # --candidates: only these (setting_key of each)
-    extra: object = None               # (setting, pp_rank) -> the model's device less allocated peak
     base_measured: Optional[int] = None   # the baseline's measured peak allocated on target_rank
 
 
@@ -202,9 +201,8 @@ def best_passed(s: Situation) -> Optional[str]:
 
 
 def _allocated(s: Situation, c, rank: int) -> int:
-    """The calibrated peak allocated of a rank (what a memory report shows): the device peak less
-    what the model adds beyond the allocator's count."""
-    return int(c.rank_peak(rank) - (s.extra(c.setting, rank) if s.extra else 0))
+    """The calibrated peak allocated of a rank: what its memory report would show."""
+    return int(c.allocated_peak(rank))
 
 
 def _predicted(s: Situation, c) -> dict:
@@ -263,13 +261,13 @@ def next_round(s: Situation) -> Decision:
     return Decision(runs=runs)
 
 
-def first_round(report, baseline: str, current: RecomputeSetting, extra=None) -> Decision:
+def first_round(report, baseline: str, current: RecomputeSetting) -> Decision:
     """PROCEDURE 1."""
     c = next((x for x in report.candidates if x.name == baseline), None) or report.current
     what = (f"the current setting {current.describe()}" if current.recompute.candidate() == baseline
             and baseline != "[]" else "the [] control (the current setting recomputes nothing)")
     ranks = range(len(c.rank_peaks))
-    alloc = [int(c.rank_peak(r) - (extra(c.setting, r) if extra else 0)) for r in ranks]
+    alloc = [int(c.allocated_peak(r)) for r in ranks]
     hot = c.hottest_pp_rank
     pred = {"rank_peak_bytes": [int(c.rank_peak(r)) for r in ranks], "rank_allocated_bytes": alloc,
             "peak_bytes": int(c.peak_bytes), "hottest_pp_rank": hot,

@@ -163,7 +163,7 @@ class Tuner:
             step_times={c: m.step_time_ms for c, m in ms.items()},
             against_model=dict(offsets.against_model),
             runs_left=self.opts.max_runs - state.runs_started, allowed=self.allowed,
-            extra=self.models.extra, base_measured=int(max(measured) * GB) if measured else None)
+            base_measured=int(max(measured) * GB) if measured else None)
 
     @staticmethod
     def _target_rank(baseline: Optional[Measurement], base) -> int:
@@ -178,7 +178,7 @@ class Tuner:
     def decide(self, state: TuneState):
         """(decision, calibration record) for the next step."""
         if not state.runs:
-            return rules.first_round(self.plan0, self.baseline_name, self.current, self.models.extra), None
+            return rules.first_round(self.plan0, self.baseline_name, self.current), None
         try:
             report, offsets = self.calibrated(state)
         except Rejected as exc:          # plan refuses offsets that make a term negative
@@ -200,8 +200,7 @@ class Tuner:
                             target_rank=base.hottest_pp_rank,
                             done={self.baseline_name: rules.Verdict(passes, "as modelled")},
                             costs={self.baseline_name: base.cost_pct}, step_times={}, against_model={},
-                            runs_left=self.opts.max_runs - 1, allowed=self.allowed,
-                            extra=self.models.extra)
+                            runs_left=self.opts.max_runs - 1, allowed=self.allowed)
         return rules.next_round(s)
 
     # ------------------------------------------------------------ building and launching
