@@ -5,6 +5,9 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
+T0=$SECONDS
+say() { echo "run_all: $* [$((SECONDS - T0)) s]" >&2; }
+say "the test venv (.venv: Python $("$PY" -c 'import platform; print(platform.python_version())'), torch 2.13.0 CPU, the package with its test extra)"
 if [ ! -x .venv/bin/python ]; then "$PY" -m venv .venv; fi
 .venv/bin/python -m pip install -q --upgrade pip
 .venv/bin/python -m pip install -q "torch==2.13.0"
@@ -12,6 +15,7 @@ if [ ! -x .venv/bin/python ]; then "$PY" -m venv .venv; fi
 # the npm skills CLI for the install test; 1.5.18 is the newest that runs on Node 20. Without npm
 # the install test fails rather than skips (MBR_NO_NODE=1 opts out on a machine without Node)
 if command -v npm >/dev/null 2>&1; then
+  say "the npm skills CLI 1.5.18 (.tools/)"
   npm install --silent --no-audit --no-fund --prefix .tools skills@1.5.18 >/dev/null
 elif [ "${MBR_NO_NODE:-}" != "1" ]; then
   echo "npm is missing: tests/test_install.py needs the skills CLI (set MBR_NO_NODE=1 to skip it)" >&2
@@ -20,9 +24,12 @@ fi
 # one environment per megatron-core release (and Megatron Bridge 0.6.2) for tests/test_releases.py;
 # kept outside the checkout, so a fresh clone reuses what an earlier run built
 export MBR_ENVS=${MBR_ENVS:-$HOME/.cache/mbridge-recompute/envs}
-bash tests/envs/build.sh >/dev/null
+say "per-release environments (tests/envs/build.sh; its progress follows)"
+bash tests/envs/build.sh >/dev/null      # stdout: the envs.json path; progress goes to stderr
 # lint first (ruff, configured in pyproject.toml): a lint error fails the run like a test
+say "lint (ruff)"
 .venv/bin/python -m ruff check scripts tests benchmarks
+say "pytest"
 set +e
 .venv/bin/python -m pytest -n 2 "$@"
 rc=$?

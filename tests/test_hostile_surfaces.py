@@ -627,3 +627,26 @@ def test_no_none_promoted_warning_on_a_full_recompute_run(tmp_path):
         "setting": {"recompute_granularity": "full", "recompute_modules": None, "recompute_method": "block",
                     "recompute_num_layers": 2}}))
     assert not [f for f in _check_json("--run", d2)["findings"] if f["id"] == "run-none-promoted"]
+
+
+# ------------------------------------------------------------------ the suite's own build says what it does
+def test_the_environment_build_prints_a_progress_line_per_environment():
+    """tests/envs/build.sh reports each step on stderr (run_all.sh keeps it visible); stdout is
+    the envs.json path alone. Run on the built environments, it reuses every one (and rewrites
+    envs.json atomically, the same content)."""
+    import subprocess
+
+    real = Path(os.environ.get("MBR_ENVS", Path.home() / ".cache" / "mbridge-recompute" / "envs"))
+    if not (real / "envs.json").exists():
+        pytest.fail(f"no environments at {real}: run `bash tests/envs/build.sh`")
+    proc = subprocess.run(["bash", str(ROOT / "tests" / "envs" / "build.sh")], capture_output=True, text=True,
+                          env={**os.environ, "MBR_ENVS": str(real)}, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stdout.strip() == str(real / "envs.json")
+    lines = [line for line in proc.stderr.splitlines() if line.startswith("envs: ")]
+    for name in ("py312-base", "mcore-0.17.1", "mcore-0.18.2", "mcore-0.19.2", "bridge-0.6.2"):
+        assert any(name in line and ("reusing" in line or "built" in line) for line in lines), lines
+    assert all(line.rstrip().endswith(" s]") for line in lines)
+    run_all = (ROOT / "tests" / "run_all.sh").read_text()
+    build = next(line for line in run_all.splitlines() if "tests/envs/build.sh" in line and "bash" in line)
+    assert "2>" not in build and "&>" not in build      # its progress reaches the terminal

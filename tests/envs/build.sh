@@ -23,9 +23,20 @@ PINS=$HERE/pins
 ROOT=${MBR_ENVS:-$HOME/.cache/mbridge-recompute/envs}
 mkdir -p "$ROOT/t"
 export UV_CACHE_DIR=${UV_CACHE_DIR:-$ROOT/uv-cache} UV_PYTHON_DOWNLOADS=never UV_LINK_MODE=hardlink UV_NO_PROGRESS=1
-PY312=$(PYENV_VERSION=3.12.1 python3 -c 'import sys; print(sys.executable)')
+# progress on stderr (stdout carries only the path of envs.json): a first build downloads
+# ~5 GB and takes minutes, and says so while it runs
+T0=$SECONDS
+say() { echo "envs: $* [$((SECONDS - T0)) s]" >&2; }
+say "per-release environments under $ROOT (a first build downloads ~5 GB; later runs reuse them)"
+PY312=$(PYENV_VERSION=3.12.1 python3 -c \
+  'import sys; print(sys.executable if sys.version_info[:2] == (3, 12) else "")' 2>/dev/null || true)
+if [ -z "$PY312" ]; then
+  echo "envs: Python 3.12 is needed for megatron-core 0.17-0.19 and Bridge 0.6.2 (pyenv install 3.12.1)" >&2
+  exit 1
+fi
 UV=$ROOT/uv-0.13.8/bin/uv
 if [ ! -x "$UV" ]; then
+  say "installing uv 0.13.8 (the installer the builds use; it keeps a wheel cache)"
   rm -rf "$ROOT/uv-0.13.8"
   python3 -m pip install -q --no-deps --target "$ROOT/uv-0.13.8" uv==0.13.8
 fi
@@ -36,11 +47,15 @@ venv() {  # venv NAME PYTHON PINFILE -> path of a complete venv
   local name=$1 py=$2 pins=$3
   local d=$ROOT/$name-$(key "$pins" <(echo "$py"))
   if [ ! -f "$d/.complete" ]; then
+    say "building $name from $(basename "$pins") (torch for Python 3.12 and its CUDA libraries: the bulk of the download)"
     rm -rf "$d"
     "$UV" venv -q -p "$py" "$d"
     # bytecode now: PYTHONDONTWRITEBYTECODE may be set, and every import would pay for it
     "$UV" pip install -q --compile-bytecode -p "$d/bin/python" -r "$pins"
     touch "$d/.complete"
+    say "built $name ($(du -sh "$d" 2>/dev/null | cut -f1))"
+  else
+    say "reusing $(basename "$d")"
   fi
   for old in "$ROOT/$name"-*; do [ "$old" = "$d" ] || rm -rf "$old"; done
   echo "$d"
@@ -50,9 +65,13 @@ target() {  # target NAME BASE PINFILE -> path of a complete --target directory
   local name=$1 base=$2 pins=$3
   local d=$ROOT/t/$name-$(key "$pins" <(echo "$base"))
   if [ ! -f "$d/.complete" ]; then
+    say "building $name from $(basename "$pins")"
     rm -rf "$d"
     "$UV" pip install -q --compile-bytecode --no-deps -p "$base/bin/python" --target "$d" -r "$pins"
     touch "$d/.complete"
+    say "built $name ($(du -sh "$d" 2>/dev/null | cut -f1))"
+  else
+    say "reusing $(basename "$d")"
   fi
   for old in "$ROOT/t/$name"-*; do [ "$old" = "$d" ] || rm -rf "$old"; done
   echo "$d"
@@ -79,6 +98,10 @@ envs = {
     "bridge-0.6.2": {"python": f"{base}/bin/python", "megatron_core": "0.19.2",
                      "pythonpath": ":".join([p192, bridge])},
 }
-json.dump(envs, open(out, "w"), indent=1)
+# written whole and then moved into place: a test reading it meanwhile sees the old or the new file
+import os
+with open(out + ".tmp", "w") as fh:
+    json.dump(envs, fh, indent=1)
+os.replace(out + ".tmp", out)
 print(out)
 EOF
