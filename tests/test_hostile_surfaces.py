@@ -650,3 +650,23 @@ def test_the_environment_build_prints_a_progress_line_per_environment():
     run_all = (ROOT / "tests" / "run_all.sh").read_text()
     build = next(line for line in run_all.splitlines() if "tests/envs/build.sh" in line and "bash" in line)
     assert "2>" not in build and "&>" not in build      # its progress reaches the terminal
+
+
+@pytest.mark.parametrize("tool", ["plan", "check", "config", "plan-hf", "plan-measured"])
+def test_each_input_file_is_read_once_per_invocation(tmp_path, monkeypatch, tool):
+    w = tmp_path / "w.yaml"
+    shutil.copy(MOONLIGHT, w)
+    hf = tmp_path / "config.json"
+    hf.write_text(json.dumps(json.loads(
+        (ROOT / "tests/fixtures/hf_configs/meta-llama--Meta-Llama-3-8B.json").read_text())["config"]))
+    report = tmp_path / "compare.json"
+    report.write_text(run_script("compare", EXAMPLES / "logs" / "moonlight16b" / "empty",
+                                 EXAMPLES / "logs" / "moonlight16b" / "moe_act", "--json").stdout)
+    argv, files = {
+        "plan": (["plan", str(w), "--json"], [w]),
+        "check": (["check", str(w), "--validator", "builtin", "--json"], [w]),
+        "config": (["config", str(w), "--modules", "mlp", "--json"], [w]),
+        "plan-hf": (["plan", "--hf-config", str(hf), "--json"], [hf]),
+        "plan-measured": (["plan", str(w), "--measured", str(report), "--json"], [w, report]),
+    }[tool]
+    assert _count_opens(monkeypatch, argv, files) == {f.name: 1 for f in files}
