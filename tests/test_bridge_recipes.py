@@ -45,6 +45,18 @@ SWEEP = {
     "nemotron_3_nano_pretrain_8gpu_h100_bf16_config": "hybrid",
     "nemotron_3_5_lightning_pretrain_16gpu_h100_bf16_config": "hybrid",
     "qwen3_next_80b_a3b_pretrain_32gpu_h100_bf16_config": "gdn",
+    # world sizes megatron-core would refuse below the recipe's: EP over TP*PP*CP
+    "deepseek_v2_lite_pretrain_8gpu_h100_bf16_config": "mla",
+    "gpt_oss_20b_pretrain_16gpu_h100_bf16_config": "moe",
+    "megatron.bridge.perf_recipes.qwen.h100.qwen3_moe:"
+    "qwen3_235b_a22b_pretrain_256gpu_h100_bf16_config": "moe",
+    "megatron.bridge.perf_recipes.llama.h100.llama3:llama3_70b_pretrain_64gpu_h100_fp8cs_config": "dense",
+    # fine-tuning: SFT (every parameter trains) and LoRA (a frozen base)
+    "llama3_8b_sft_2gpu_h100_bf16_config": "dense",
+    "megatron.bridge.perf_recipes.llama.h100.llama3:llama3_8b_sft_8gpu_h100_bf16_config": "dense",
+    "megatron.bridge.recipes.llama.h100.llama3:llama3_70b_peft_8gpu_h100_bf16_config": "dense",
+    "glm45_air_106b_peft_8gpu_h100_bf16_config": "moe",
+    "nemotron_nano_12b_v2_peft_1gpu_h100_bf16_config": "hybrid",
 }
 # Error findings the checker gives on a real dump, each with why; everything else must check clean.
 # (DeepSeek-V3 places its 61 layers with pipeline_model_parallel_layout, which placement.py reads.)
@@ -87,6 +99,110 @@ def dumps(tmp_path_factory) -> dict:
 def test_the_sweep_covers_at_least_12_recipes_of_every_kind_of_stack(dumps):
     assert len(dumps) >= 12
     assert set(SWEEP.values()) >= {"dense", "moe", "mla", "hybrid"}
+
+
+def test_the_sweep_holds_16_recipes_with_sft_lora_and_perf_recipes(dumps):
+    assert len(dumps) >= 16
+    assert sum("_sft_" in s for s in dumps) >= 2 and sum("_peft_" in s for s in dumps) >= 3
+    assert sum(k.startswith("megatron.bridge.perf_recipes.") for k in SWEEP) >= 4
+
+
+def _recipe_gpus(stem: str) -> int:
+    from mbridge_recompute.inputs import world
+
+    return world.from_recipe_name(stem)[0]
+
+
+# Recipes whose name gives a GPU count megatron-core refuses for the recipe's own layout: its
+# docstring calls it a "1024-GPU layout" (perf_recipes/deepseek/h100/deepseek_v3.py:161 @ 0.6.2),
+# and PP 8 x EP 64 x ETP 1 = 512 does not divide 64.
+NAME_COUNT_REFUSED = {"deepseek_v3_pretrain_64gpu_h100_bf16_config": 512}
+def test_every_dump_plans_on_its_recipes_gpu_count(dumps):
+    """Each recipe is laid out for the GPUs its name gives (Bridge 0.6.2 names every recipe so,
+    e.g. llama3_70b_pretrain_64gpu_h100_fp8cs_config); planned there, each exits 0 with that world
+    size and its data-parallel size (or 1 with the reason where nothing fits it, or 2 where
+    megatron-core refuses the name's count)."""
+    exits = {}
+    for stem, path in dumps.items():
+        gpus = _recipe_gpus(stem)
+        code, out, err = _tool("plan", path, "--mcore-version", VERSION, "--set",
+                               f"cluster.num_gpus={gpus}", "--json")
+        report = json.loads(out)
+        exits[stem] = code
+        if stem in NAME_COUNT_REFUSED:
+            assert code == 2 and "is not divisible by PP*EP*ETP" in report["error"]["message"], stem
+            continue
+        assert "error" not in report, (stem, report["error"])
+        wl = report["workload"]
+        assert wl["num_gpus"] == gpus and wl["num_gpus_from"] == "cluster.num_gpus", stem
+        assert wl["dp"] == gpus // (wl["tp"] * wl["pp"] * wl["cp"]), stem
+        if code == 1:
+            assert report["diagnosis"], stem
+    # (exit 1 is the memory model's answer for a layout whose static memory alone is over the GPU,
+    # e.g. Llama3 8B on 2 GPUs with CP 2: 16 GB weights + 32 GB fp32 gradient buffer + 48 GB Adam
+    # state over 2 ranks)
+    assert sum(c == 0 for c in exits.values()) >= 16, exits
+
+
+def test_without_a_gpu_count_every_dump_assumes_a_world_size_megatron_core_accepts(dumps):
+    """No GPU count in a dump: the smallest world size both of megatron-core's rank grids divide
+    (TP*PP*CP and PP*EP*ETP, parallel_state.py:822-823, 881-884 @ megatron-core 0.19.2), said first."""
+    for stem, path in dumps.items():
+        w = load_workload(str(path), mcore_version=VERSION)
+        etp = w.expert_tensor_parallel_size or w.tensor_model_parallel_size
+        dense = w.model_parallel_size
+        expert = w.pipeline_model_parallel_size * w.expert_model_parallel_size * etp
+        assert w.num_gpus % dense == 0 and w.num_gpus % expert == 0, stem
+        assert w.num_gpus_from.startswith("assumed") and w.input_notes[0].startswith("world size:"), stem
+        assert w.num_gpus == NAME_COUNT_REFUSED.get(stem, min(w.num_gpus, _recipe_gpus(stem))), stem
+
+
+@pytest.mark.parametrize("stem, gpus, was", [
+    ("deepseek_v2_lite_pretrain_8gpu_h100_bf16_config", 8, 1),              # EP 8
+    ("glm45_air_106b_peft_8gpu_h100_bf16_config", 8, 2),                    # PP 2 EP 4
+    ("gpt_oss_20b_pretrain_16gpu_h100_bf16_config", 16, 8),                 # TP 2 PP 4 EP 4 (ETP 1)
+    ("qwen3_235b_a22b_pretrain_256gpu_h100_bf16_config", 256, 16),          # TP 2 PP 8 EP 32 (ETP 1)
+])
+def test_an_expert_parallel_recipe_is_not_planned_on_fewer_gpus_than_megatron_core_accepts(
+        dumps, stem, gpus, was):
+    code, out, _ = _tool("plan", dumps[stem], "--mcore-version", VERSION, "--json")
+    wl = json.loads(out)["workload"]
+    assert wl["num_gpus"] == gpus and gpus > was, (stem, wl["num_gpus"])
+    assert wl["tp"] * wl["pp"] * wl["cp"] == was, stem          # what TP x PP x CP alone gave
+    assert code in (0, 1)
+
+
+def test_the_llama3_70b_fp8cs_perf_recipe_on_its_64_gpus_needs_no_recompute(dumps):
+    """On the 32 GPUs TP 4 x PP 8 alone gives (one data-parallel replica) the optimizer state is
+    unsharded and full block:1 recompute looks necessary; on the recipe's 64 it is not."""
+    path = dumps["llama3_70b_pretrain_64gpu_h100_fp8cs_config"]
+    at64, at32 = (json.loads(_tool("plan", path, "--mcore-version", VERSION, "--set",
+                                   f"cluster.num_gpus={n}", "--json")[1]) for n in (64, 32))
+    assert at64["recommendation"]["name"] == "none" and at64["workload"]["dp"] == 2
+    assert at32["recommendation"]["name"] != "none"
+    assert at64["ranks"][0]["static"]["optimizer"] < at32["ranks"][0]["static"]["optimizer"]
+
+
+@pytest.mark.parametrize("stem, gpus", [("glm45_air_106b_peft_8gpu_h100_bf16_config", 8),
+                                        ("nemotron_nano_12b_v2_peft_1gpu_h100_bf16_config", 1)])
+def test_a_lora_recipe_plans_as_lora_on_the_gpus_it_runs_on(dumps, stem, gpus):
+    """GLM-4.5-Air LoRA on 8 GPUs and Nemotron Nano 12B v2 LoRA on 1 (real Bridge 0.6.2 recipes that
+    run there) fit: the base keeps only its weights; gradients and optimizer state are the
+    adapters' (12 bytes per adapter parameter without the distributed optimizer, mixed precision)."""
+    code, out, err = _tool("plan", dumps[stem], "--mcore-version", VERSION, "--set",
+                           f"cluster.num_gpus={gpus}", "--json")
+    report = json.loads(out)
+    assert code == 0 and report["fits"], (stem, report.get("diagnosis"), report.get("error"))
+    w = load_workload(str(dumps[stem]), mcore_version=VERSION, sets=[f"cluster.num_gpus={gpus}"])
+    for rank in report["ranks"]:
+        static = rank["static"]
+        adapters = static["lora_adapters"] / 2                     # bf16 adapters
+        assert 0 < adapters < 0.02 * static["weights"] / 2, stem   # a small fraction of the base
+        grad_bytes = 4 if w.grad_reduce_in_fp32 else 2
+        assert abs(static["grads"] - adapters * grad_bytes) <= 8, (stem, static)
+        if not w.use_distributed_optimizer:
+            assert abs(static["optimizer"] - adapters * 12) <= 16, (stem, static)
+        assert rank["activations"].get("lora", 0) > 0
 
 
 def test_every_dump_loads_unchanged_as_a_bridge_workload(dumps):
@@ -133,7 +249,8 @@ def test_the_model_reads_what_bridge_runs_not_the_raw_dump(dumps):
 
 def test_fields_that_can_change_memory_are_named_not_dropped(dumps):
     peft = load_workload(str(dumps["olmoe_7b_peft_1gpu_h100_bf16_config"]), mcore_version=VERSION)
-    assert any(n.startswith("peft=") for n in peft.not_modelled)
+    assert peft.peft["scheme"] == "lora" and peft.peft["dim"] == 32     # read (inputs/peft.py)
+    assert any(n.startswith("LoRA rank 32 on") for n in peft.input_notes)
     ds = load_workload(str(dumps["deepseek_v3_pretrain_64gpu_h100_bf16_config"]), mcore_version=VERSION)
     # the layout is read (placement.py): a Workload field, not a not-modelled note
     assert ds.pipeline_model_parallel_layout is not None
@@ -283,3 +400,44 @@ def test_the_gpt_oss_recipe_checks_clean_with_the_live_validator(tmp_path):
     assert report["validator"] == "live", proc.stderr[-3000:]
     assert not [f for f in report["findings"] if f["severity"] == "error"], report["findings"]
     assert proc.returncode == 0
+
+
+def test_a_recipe_by_name_is_planned_on_the_gpus_its_name_gives(tmp_path):
+    home = hf_cache(tmp_path / "hf")
+    perf = "megatron.bridge.perf_recipes.llama.h100.llama3:llama3_70b_pretrain_64gpu_h100_fp8cs_config"
+    proc = bridge_tool(home, "plan", "--recipe", perf, "--json")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    report = json.loads(proc.stdout)
+    assert report["workload"]["num_gpus"] == 64 and "recipe's name" in report["workload"]["num_gpus_from"]
+    assert report["recommendation"]["name"] == "none"
+    # a name whose count megatron-core refuses for the recipe's layout: said first, and planned on
+    # the smallest world size it accepts instead
+    ds = "megatron.bridge.perf_recipes.deepseek.h100.deepseek_v3:deepseek_v3_pretrain_64gpu_h100_bf16_config"
+    proc = bridge_tool(home, "plan", "--recipe", ds, "--json")
+    report = json.loads(proc.stdout)
+    assert proc.returncode in (0, 1) and report["workload"]["num_gpus"] == 512, proc.stderr[-3000:]
+    assert any("says 64 GPUs, which megatron-core refuses" in n for n in report["workload"]["input_notes"])
+
+
+def test_hostile_36_a_nested_override_with_a_recipe_reaches_bridges_override_code(tmp_path):
+    """Hydra's grammar takes any depth: the key goes to Bridge as written, and what Bridge says
+    about it is the answer (here: accepted, or refused by Bridge's own code, never by ours)."""
+    proc = bridge_tool(tmp_path, "plan", "--recipe", VANILLA, *SIZES, "--set",
+                       "model.generation_config.max_new_tokens=5", "--json")
+    assert "expected section.key" not in proc.stderr, proc.stderr[-2000:]
+    assert proc.returncode == 0 or "Bridge refused the overrides" in proc.stderr, proc.stderr[-2000:]
+
+
+def test_hostile_3_a_megatron_bridge_planted_in_the_current_directory_is_not_imported(tmp_path):
+    """`python -m` puts the current directory first on sys.path: Bridge is still the installed one,
+    and a recipe module that only the planted package has is not found."""
+    planted = tmp_path / "megatron" / "bridge" / "recipes"
+    planted.mkdir(parents=True)
+    marker = tmp_path / "PWNED"
+    for pkg in (tmp_path / "megatron" / "bridge", planted):
+        (pkg / "__init__.py").write_text(f"open({str(marker)!r}, 'w')\n")
+    (planted / "evil.py").write_text(f"open({str(marker)!r}, 'w')\ndef x_config():\n    return None\n")
+    proc = run_in_bridge(["-m", "mbridge_recompute", "plan", "--recipe",
+                          "megatron.bridge.recipes.evil:x_config"], tmp_path, cwd=tmp_path)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr[-2000:]
+    assert not marker.exists()

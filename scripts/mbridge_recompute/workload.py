@@ -299,6 +299,9 @@ class Workload:
     """Field name -> the input that set it (`--set`, the workload file, `--hf-config`, a catalog
     model, ...); a field absent here took `defaults_source`'s default. The plan's first lines
     say where precision and parallelism came from."""
+    peft: Optional[dict] = _f(None, section="", origin="Bridge ConfigContainer.peft")
+    """A LoRA / DoRA adapter on a frozen base, normalised from a dump's peft: section
+    (inputs/peft.py); None is full training of every parameter."""
     num_gpus_from: str = _f("", section="", origin=OURS)
     """Where num_gpus came from: 'cluster.num_gpus', a dump's data-parallel size, a launch line,
     a recipe's name, or 'assumed: ...' (inputs/world.py); '' when the loader did not set it."""

@@ -18,8 +18,8 @@ applying them again changes nothing. So both kinds are read the same way:
 The model section's layer pattern is `hybrid_layer_pattern` in 0.6.2 (`hybrid_override_pattern`
 is its deprecated spelling, and the two together are refused: hybrid_provider.py:179-194).
 
-Also named, not modelled: a PEFT adapter section (the memory model assumes every parameter trains),
-and environment variables that change what memory is reserved or which attention kernel runs.
+Also named, not modelled: environment variables that change what memory is reserved or which
+attention kernel runs. A PEFT section is read by inputs/peft.py.
 """
 
 from __future__ import annotations
@@ -99,11 +99,6 @@ def as_run(data: dict, where: str) -> list[str]:
                                 if k not in ("overlap_moe_expert_parallel_comm", "delay_wgrad_compute")}
     elif "comm_overlap" in data and comm is None:
         data.pop("comm_overlap")
-    peft = data.get("peft")
-    if peft is not None:
-        target = peft.get("_target_", "a PEFT adapter") if isinstance(peft, dict) else str(peft)
-        notes.append(f"peft={target} (the memory model assumes every parameter trains: a frozen base "
-                     "keeps no gradients or optimizer state)")
     env = data.get("env_vars")
     if isinstance(env, dict):
         for key in MEMORY_ENV:

@@ -350,6 +350,10 @@ def load_workload(path: str | None = None, sets: Iterable[str] = (), model: str 
     provider = bridge.provider_family(data)
     comm = data.get("comm_overlap")
     dump_dp = comm.get("data_parallel_size") if isinstance(comm, dict) else None
+    from mbridge_recompute.inputs import peft as peft_reader
+
+    peft, peft_notes = peft_reader.read(data.get("peft"))
+    input_notes += peft_notes
     fields, extra, notes = _sections_to_fields(data, provider)
     first_k = fields.pop("_first_k_dense", None)
     if first_k is not None and "moe_layer_freq" not in fields:
@@ -365,7 +369,7 @@ def load_workload(path: str | None = None, sets: Iterable[str] = (), model: str 
     if world_from != world.GIVEN:
         origins["num_gpus"] = world_from
     workload = Workload(**fields, extra_model=extra, defaults_source=source, origins=origins,
-                        num_gpus_from=world_from, input_notes=world_notes + input_notes,
+                        num_gpus_from=world_from, input_notes=world_notes + input_notes, peft=peft,
                         not_modelled=sorted(set(runtime_notes + notes + mlm_notes)))
     validate(workload, releases.resolve(mcore_version))
     _require_model(data, path)      # last: a wrong value in what is given is named first

@@ -174,8 +174,17 @@ def resolve(fields: dict, dump_dp: Any = None, launch: Optional[tuple] = None,
             notes.append(f"cluster.num_gpus {given} is planned, not the {derived[0]} GPUs of {derived[1]}")
         return given, GIVEN, notes
     if derived is not None:
-        check(derived[0], fields, derived[2])
-        return derived[0], derived[1], notes
+        try:
+            check(derived[0], fields, derived[2])
+            return derived[0], derived[1], notes
+        except InputError as exc:
+            if derived[2] != "--recipe":
+                raise              # a dump's or a launch line's world size: what the job runs on
+            # a name is a label: Bridge 0.6.2's deepseek_v3_pretrain_64gpu_h100_bf16_config holds
+            # a "1024-GPU layout" (perf_recipes/deepseek/h100/deepseek_v3.py:161) whose expert grid
+            # alone needs 512 GPUs
+            notes.append(f"{derived[1]} says {derived[0]} GPUs, which megatron-core refuses for this "
+                         f"layout: {exc.reason}")
     world = math.lcm(dense, expert)
     dp = world // dense
     notes.append(f"world size: {world} GPU{'s' if world != 1 else ''} assumed -- no input gives it "

@@ -20,7 +20,7 @@ from __future__ import annotations
 from functools import lru_cache
 from typing import NamedTuple
 
-from mbridge_recompute.memory import moments
+from mbridge_recompute.memory import lora, moments
 from mbridge_recompute.memory.dispatcher import flex_backend, flex_buffer_bytes
 from mbridge_recompute.memory.graphs import graphed_kinds, graphed_layer_bytes, graphs_of, io_bytes
 from mbridge_recompute.memory.offload import in_force, offloaded_bytes, offloaded_components
@@ -516,12 +516,14 @@ def estimate(w, knobs: Knobs = DEFAULT_KNOBS, disabled=()) -> MemoryEstimate:
         here = pl.mtp_at is not None and pl.mtp_at[0] == r
         params = rank_params(sh, kinds, r == 0, r == p - 1, tied, p,
                              inner if here else (), here and pl.mtp_at != (0, 0))
+        trainable = lora.rank_params(sh, kinds, inner if here else ()) if sh.lora else None
         static = static_bytes(sh, params, dp=w.data_parallel_size,
                               distributed=bool(w.use_distributed_optimizer),
                               grad_fp32=bool(w.grad_reduce_in_fp32), fp8_param=bool(w.fp8_param),
                               residual=knobs.residual_bytes,
                               optimizer_bytes=_optimizer_bytes(w, sh, knobs),
-                              global_buffer=global_buffer_bytes(sh, kinds + list(inner if here else ())))
+                              global_buffer=global_buffer_bytes(sh, kinds + list(inner if here else ())),
+                              trainable=trainable, trainable_bytes=sh.lora.dtype_bytes if sh.lora else None)
         # CUDA graphs: the captured part of the saved activations and the graphs' static buffers
         graphed = io = 0.0
         if graphs is not None:
@@ -535,7 +537,8 @@ def estimate(w, knobs: Knobs = DEFAULT_KNOBS, disabled=()) -> MemoryEstimate:
         static_total_of[r] = static_total
         activation_i = round(activation)
         transient_i = round(transient)
-        step = moments.step_temporaries(w, params, w.data_parallel_size, sh.c, sh.t, sh.ep, sh.etp)
+        step = moments.step_temporaries(w, trainable or params, w.data_parallel_size, sh.c, sh.t, sh.ep,
+                                        sh.etp)
         if step > activation_i + transient_i:
             term = moments.STEP
         lazy = _lazy_share(w, sh, knobs) * static.get("optimizer", 0)

@@ -117,6 +117,7 @@ class Shape:
     dispatcher: str             # moe_token_dispatcher_type
     offload: frozenset          # offload_modules in force (fine-grained activation offloading)
     router_fp32: bool           # moe_router_dtype fp32/fp64: probs, and combine temporaries, in fp32
+    lora: Optional[tuple] = None  # memory/lora.Lora: LoRA adapters on a frozen base (Bridge peft:)
 
     # --- derived per-rank quantities -------------------------------------------
     @property
@@ -173,6 +174,12 @@ class Shape:
         if self.capacity is not None:
             factor = min(factor, self.capacity)
         return self.k * self.Tr * self.etp * factor
+
+
+def _lora(w):
+    from mbridge_recompute.memory.lora import from_workload
+
+    return from_workload(w)
 
 
 def _extra(w, name, default):
@@ -246,4 +253,5 @@ def shape_of(w, knobs) -> Shape:
         offload=frozenset(w.offload_modules or ()) if w.fine_grained_activation_offloading
         else frozenset(),
         router_fp32=w.moe_router_dtype in ("fp32", "fp64"),
+        lora=_lora(w),
     )

@@ -222,13 +222,22 @@ def optimizer_state_bytes(w, half: bool) -> tuple:
 
 def static_bytes(sh: Shape, params: RankParams, *, dp: int, distributed: bool,
                  grad_fp32: bool, fp8_param: bool, residual: int,
-                 optimizer_bytes: float | None = None, global_buffer: float = 0.0) -> dict:
-    """Static memory of one rank by term (bytes)."""
+                 optimizer_bytes: float | None = None, global_buffer: float = 0.0,
+                 trainable: RankParams | None = None, trainable_bytes: float | None = None) -> dict:
+    """Static memory of one rank by term (bytes). `trainable`: with a frozen base (LoRA), the
+    parameters that train (the adapters, `trainable_bytes` each): only they get gradient
+    buffers and optimizer state, as megatron-core builds both for requires_grad parameters
+    only (distributed_data_parallel.py, optimizer/__init__.py param groups)."""
     half = sh.elt == 2
     w_bytes = sh.elt
     weights = params.total * w_bytes
     if fp8_param and sh.low_precision:
         weights -= params.linear * (w_bytes - 1)
+    adapters = 0.0
+    base = params
+    if trainable is not None:
+        adapters = trainable.total * (trainable_bytes or w_bytes)
+        params = trainable            # gradients and optimizer state below: the adapters only
     grads = params.total * (4 if (grad_fp32 or not half) else 2)
     per_param_opt = 12 if half else 8          # fp32 master copy only when weights are 16-bit
     if optimizer_bytes is not None:
@@ -243,7 +252,10 @@ def static_bytes(sh: Shape, params: RankParams, *, dp: int, distributed: bool,
             per += 2 / 32
         if fp8_param:
             per -= 1.0     # the parameter itself is already the row-wise fp8 copy
-        copies = params.linear * per
-    return {"weights": round(weights), "grads": round(grads), "optimizer": round(optimizer),
-            "fp8_weight_copies": round(copies), "global_buffer": round(global_buffer),
-            "residual": int(residual)}
+        copies = base.linear * per      # the base GEMMs' low-precision weights (adapters stay 16-bit)
+    out = {"weights": round(weights), "grads": round(grads), "optimizer": round(optimizer),
+           "fp8_weight_copies": round(copies), "global_buffer": round(global_buffer),
+           "residual": int(residual)}
+    if trainable is not None:
+        out["lora_adapters"] = round(adapters)
+    return out

@@ -391,9 +391,14 @@ BLOCKS = {
 @lru_cache(maxsize=8192)
 def layer_tensors(sh: Shape, kind: str, mods: frozenset) -> tuple:
     """Saved tensors of one layer of `kind` for one micro-batch under selective labels `mods`."""
+    from mbridge_recompute.memory import lora
+
     out = []
     for block in BLOCKS[kind]:
-        out.extend(block(sh, block_mods(mods, BLOCK_NAMES[block.__name__])))
+        name = BLOCK_NAMES[block.__name__]
+        here = block_mods(mods, name)
+        out.extend(block(sh, here))
+        out.extend(lora.saved(sh, name, here))      # LoRA adapters of the block, if any
     return tuple(out)
 
 
