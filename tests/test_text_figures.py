@@ -168,7 +168,8 @@ def check_plan(text: str, j: dict) -> int:
         assert row["candidate"] == c["name"]
         assert row["peak GB"] == gb(c["peak_bytes"])
         assert row["replay %"] == f"{c['replay_pct']:.2f}"
-        assert row["fits"] == ("yes" if c["fits"] else "no")
+        assert row["fits"] == c["verdict"] and (c["verdict"] == "fits") == c["fits"]
+        assert row["band top GB"] == gb(c["band_upper_bytes"])
         if cal:
             assert row["offset GB"] == _signed(c["offset_bytes"])
             assert row["model GB"] == gb(c["peak_bytes"] - c["offset_bytes"])
@@ -181,7 +182,7 @@ def check_plan(text: str, j: dict) -> int:
                 assert row[f"rank {k}"] == gb(b)
                 n += 1
         assert _words(row["peak term"]) == c["peak_term"]
-        n += 4
+        n += 5
 
     if j["alternatives"]:
         alts = _table(parsed, "alternatives beside recompute")
@@ -200,11 +201,15 @@ def check_plan(text: str, j: dict) -> int:
     assert f"DP{wl['dp']} on {wl['num_gpus']} GPU" in flat and wl["parallelism_from"] in flat
     assert f"budget: {gb(j['budget_bytes'])} GB per GPU" in flat
     cur = j["current"]
-    assert f"current setting {cur['describe']}: predicted peak {gb(cur['peak_bytes'])} GB" in flat
+    assert (f"current setting {cur['describe']}: predicted peak {gb(cur['peak_bytes'])} GB (band "
+            f"{gb(cur['band_lower_bytes'])}-{gb(cur['band_upper_bytes'])} GB)") in flat
     rec = j["recommendation"]
     if rec:
         assert (f"recommendation: {rec['describe']} ({rec['name']}): predicted peak "
-                f"{gb(rec['peak_bytes'])} GB on pp_rank {rec['hottest_pp_rank']}") in flat
+                f"{gb(rec['peak_bytes'])} GB (band {gb(rec['band_lower_bytes'])}-"
+                f"{gb(rec['band_upper_bytes'])} GB) on pp_rank {rec['hottest_pp_rank']}") in flat
+        assert {"fits": "fits the", "tight": "TIGHT: the band crosses",
+                "no": "does NOT fit"}[rec["verdict"]] in flat
     if cal:
         assert f"measured {gb(cal['measured_allocated_bytes'])} GB" in flat
         assert f"model: {gb(cal['predicted_allocated_bytes'])} GB allocated" in flat
@@ -218,7 +223,7 @@ def check_plan(text: str, j: dict) -> int:
             assert f"at best {_signed(best)} GB on any rank" in note
             assert _words(note) in flat
             n += 2
-    return n + 3
+    return n + 5
 
 
 WORKLOADS = sorted(EXAMPLES.glob("*.yaml"))

@@ -20,7 +20,8 @@ EPILOG = """examples:
   plan.py WORKLOAD.yaml --top 3 --json > plan.json && run_harness.py --from-plan plan.json ...
                                                  # the sweep: [] control, the recommendation, 3 neighbours
 
-exit codes: 0 a fitting setting exists, 1 nothing fits the budget, 2 unusable input."""
+exit codes: 0 a setting fits at its error band's upper edge, 1 nothing does (tight: the band
+crosses the budget, calibrate first; or nothing fits), 2 unusable input."""
 
 
 def add_arguments(parser) -> None:
@@ -179,10 +180,12 @@ def render_text(r) -> str:
             out += _alternatives_table(r) + [""]
     said = []
     cur = r.current
+    if r.bands and r.estimate is not None:
+        said.append(_band_sentence(r))
     if cur is not None:
-        said.append(f"current setting {cur.setting.describe()}: predicted peak {gb(cur.peak_bytes)} GB, "
-                    f"{_costs(r, cur)}, "
-                    + ("fits" if cur.fits else "does not fit" if cur.allowed else
+        said.append(f"current setting {cur.setting.describe()}: predicted peak {gb(cur.peak_bytes)} GB "
+                    f"{_band_words(cur)}, {_costs(r, cur)}, "
+                    + (_verdict_words(cur, r.budget_bytes) if cur.allowed else
                        "rejected: " + ", ".join(cur.rejected_by)))
     rec = r.recommendation
     if r.free:
@@ -199,10 +202,16 @@ def render_text(r) -> str:
         from mbridge_recompute.plan.report import CAVEAT
         from mbridge_recompute.write.snippets import render_all
 
-        verdict = "fits" if rec.fits else "does NOT fit"
         out += wrap(f"recommendation: {rec.setting.describe()} ({rec.name}): predicted peak "
-                    f"{gb(rec.peak_bytes)} GB on pp_rank {rec.hottest_pp_rank}, "
-                    f"{_costs(r, rec)}, {verdict} the {gb(r.budget_bytes)} GB budget")
+                    f"{gb(rec.peak_bytes)} GB {_band_words(rec)} on pp_rank {rec.hottest_pp_rank}, "
+                    f"{_costs(r, rec)}: {_verdict_words(rec, r.budget_bytes)}")
+        if r.calibrate_first:
+            out += wrap(r.calibrate_first, "  ", "    ")
+        if r.cheaper_tight is not None:
+            ct = r.cheaper_tight
+            out += wrap(f"cheaper if a calibration confirms it: {ct.setting.describe()} ({ct.name}): "
+                        f"predicted peak {gb(ct.peak_bytes)} GB {_band_words(ct)}, {_costs(r, ct)}: "
+                        f"{_verdict_words(ct, r.budget_bytes)}", "  ", "    ")
         pure = r.recompute_recommendation
         if r.alternatives and pure is not None and pure.name != rec.name:
             out += wrap(f"beside it, the cheapest recompute-only setting: {pure.setting.describe()} "
@@ -249,6 +258,31 @@ def _columns(spec: list, items, free: bool = True, breaks="") -> str:
 
     return table([h for h, _, _ in spec], [[cell(it) for _, _, cell in spec] for it in items],
                  "".join(a for _, a, _ in spec), free=-1 if free else None, breaks=breaks)
+
+
+def _band_words(c) -> str:
+    return f"(band {gb(c.lower_bytes)}-{gb(c.upper_bytes)} GB)"
+
+
+def _verdict_words(c, budget: int) -> str:
+    """fits / tight / no against the budget, said with the band edge that decides it."""
+    if c.verdict == "fits":
+        return f"fits the {gb(budget)} GB budget at the band's upper edge"
+    if c.verdict == "tight":
+        return f"TIGHT: the band crosses the {gb(budget)} GB budget"
+    return f"does NOT fit the {gb(budget)} GB budget (even the band's lower edge is over it)"
+
+
+def _band_sentence(r) -> str:
+    """The hottest rank's band and the terms it is made of (memory/band.py)."""
+    k = r.estimate.hottest.pp_rank
+    b = r.bands[k]
+    terms = ", ".join(f"{t.name} -{gb(t.lower)}/+{gb(t.upper)}" + (" (device)" if t.device_only else "")
+                      for t in b.terms if t.lower or t.upper)
+    return (f"error band of pp_rank {k}'s peaks: allocated -{gb(b.allocated[0])}/+{gb(b.allocated[1])}"
+            f" GB, device -{gb(b.device[0])}/+{gb(b.device[1])} GB"
+            + (" (calibrated: only what changes between settings is left)" if r.calibration else "")
+            + f"; terms: {terms}")
 
 
 def _rank_table(r) -> list:
@@ -351,7 +385,9 @@ def _frontier_table(r) -> list:
                  ("host GB", "r", lambda c: gb(c.host_bytes))]
     if r.alternatives:
         spec.append(("step %", "r", lambda c: pct(c.cost_pct, signed=True)))
-    spec += [("fits", "l", lambda c: "yes" if c.fits else "no"), ("peak term", "l", lambda c: c.peak_term)]
+    spec += [("band top GB", "r", lambda c: gb(c.upper_bytes)),
+             ("fits", "l", lambda c: c.verdict if c.allowed else "no"),
+             ("peak term", "l", lambda c: c.peak_term)]
     more = len(front) - min(limit, len(front))
     dominated = sum(1 for c in r.candidates if c.dominated_by is not None)
     rejected = [c for c in r.candidates if not c.allowed]

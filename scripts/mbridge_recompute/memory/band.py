@@ -5,7 +5,8 @@ each sized from the accuracy table (benchmarks/measured_peaks.py, benchmarks/dat
 the cases with that feature bound how far the model has been off. Allocated-side terms widen
 both peaks; device-side terms only the device peak. A calibration against a measured run
 (`--measured-peak-gb`) absorbs what does not change between recompute settings: only the
-terms marked `kept` survive it, and the model term narrows to CALIBRATED_MODEL.
+terms marked `kept` survive it, and the model term becomes CALIBRATED_DELTA of a candidate's
+change from the measured setting (the plan adds it: plan/report.Candidate.band).
 
 tests/test_memory_band.py checks that every case of the accuracy table lies inside its band.
 """
@@ -21,14 +22,21 @@ from mbridge_recompute.units import GB
 # iteration 1) and +9.8 % (DeepSeek-V3 proxy on GB200, release golden) of the prediction.
 MODEL_UNDER = 0.08        # measured above the prediction by up to this share
 MODEL_OVER = 0.10         # measured below the prediction by up to this share
-# after calibration what is left is the error of the change between two settings: the
-# published sweeps' deltas (benchmarks/accuracy.py) within 0.4 GB on 36-66 GB peaks
-CALIBRATED_MODEL = 0.02
+# After calibration what is left is the error of the change from the measured setting: on the
+# published sweeps (benchmarks/accuracy.py) the model's savings are too large by up to 2x
+# (Moonlight layernorm,moe_act: -1.35 GB modelled, -0.67 measured; moe_act -0.90 vs -0.68),
+# never too small by more than 3 % (Nemotron 3 Nano): the measured peak may lie above the
+# calibrated prediction by half the change, below it by a quarter.
+CALIBRATED_DELTA = (0.25, 0.5)       # (below, above), of |candidate - measured setting|
 # Dropless MoE without forced balancing: the hottest EP rank can receive up to twice the
 # balanced tokens early in training: the Moonlight 16B sweep (max over printed ranks after
 # iteration 2) needs 2.2x on its routed-token tensors (-13.4 % without); the MoE/MLA
 # functional test's peak drifts +4 % from iteration 2 to 50.
 IMBALANCE = 0.5           # extra routed-token activations as a share of the MoE component
+# what of it is left once a measured run anchors the plan: the peaks of the long MoE runs in the
+# table grow by 0.05-0.25 of their MoE component after iteration 2 (DeepSeek-V3 proxy over 47680
+# iterations: 0.23; Mixtral 8x22B over 150: 0.08)
+CALIBRATED_DRIFT = 0.5
 # Stack-dependent cross-entropy working set on the loss stage: the same DeepSeek-V3 proxy
 # configuration measured 5.2 GB (H100, MBS 1) and 21 GB (GB200, MBS 4) higher after the PyTorch
 # and TE bumps of 2026-06-18 with unchanged static memory, 2.45-2.48 fp32 [T, V/t] logits, i.e.
@@ -138,10 +146,17 @@ def band(w, est, rank, unmodelled: int = 0, calibrated: bool = False) -> Band:
     `kept` terms and a narrower model term."""
     ts = terms(w, est, rank, unmodelled)
     if calibrated:
-        alloc = rank.allocated_peak_bytes
-        ts = [Term("model", round(CALIBRATED_MODEL * alloc), round(CALIBRATED_MODEL * alloc),
-                   False, True, f"the change between settings after calibration: "
-                   f"±{CALIBRATED_MODEL:.0%}")] + [t for t in ts if t.kept and t.name != "model"]
+        kept = []
+        for t in ts:
+            if not t.kept or t.name == "model":
+                continue
+            if t.name == "routing imbalance":
+                # the measured run's imbalance is in the offset; what is left is its drift
+                t = t._replace(upper=round(CALIBRATED_DRIFT * t.upper), why=(
+                    "routing imbalance drifts after the measured iterations (the long MoE runs of "
+                    "the accuracy table: +0.05-0.25 of the MoE activations)"))
+            kept.append(t)
+        ts = kept          # the plan adds CALIBRATED_DELTA of each candidate's change
     lo_a = sum(t.lower for t in ts if not t.device_only)
     up_a = sum(t.upper for t in ts if not t.device_only)
     lo_d = lo_a + sum(t.lower for t in ts if t.device_only)

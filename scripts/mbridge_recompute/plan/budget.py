@@ -41,9 +41,24 @@ def budget_statement(w, budget_gb: Optional[float]) -> tuple[int, str]:
                f"workspaces the model does not itemise (override with --budget-gb); capacity: {cap.how}")
 
 
+def verdict(c, budget: int) -> str:
+    """fits: the band's upper edge is within the budget on every rank; no: its lower edge is over
+    the budget on some rank; tight: the band crosses the budget (memory/band.py)."""
+    if c.upper_bytes <= budget:
+        return "fits"
+    if c.lower_bytes > budget:
+        return "no"
+    return "tight"
+
+
 def settle(candidates, budget: int, calibration: Optional[Calibration]) -> None:
     """The one place calibration and the fit are applied: every candidate's rank peaks move by
-    the measured offsets, and it fits when it is allowed and its (calibrated) peak is in budget."""
+    the measured offsets (which also narrows its band), and it fits when it is allowed and its
+    band's upper edge is within the budget."""
     for c in candidates:
         c.offsets = calibration.offsets(len(c.rank_peaks)) if calibration else ()
-        c.fits = c.allowed and c.peak_bytes <= budget
+        ref = calibration.ref_rank_peaks if calibration else ()
+        c.ref_peaks = ref if len(ref) == len(c.rank_peaks) else ()
+        c.verdict = verdict(c, budget) if c.modelled else "no"
+        c.fits = c.allowed and c.verdict == "fits"
+        c.point_fits = c.allowed and c.modelled and c.peak_bytes <= budget

@@ -43,6 +43,8 @@ class Calibration:
     iteration: Optional[int] = None    # measured after this iteration (None: steady state)
     rank_offsets: tuple = ()           # per pipeline rank: the offset each rank moves by
     measured_ranks: tuple = ()         # pipeline ranks with a measurement of their own
+    ref_rank_peaks: tuple = ()         # the measured setting's modelled device peak per rank: a
+    #                                    calibrated band grows with a candidate's distance from it
 
     @property
     def field(self) -> str:
@@ -129,7 +131,7 @@ def calibrate(pricer, measured, current: RecomputeSetting) -> Calibration:
     base = peak - model[hot]
     offsets = tuple(own[r] - model[r] if r in own else base for r in range(len(model)))
     return Calibration(setting, measured.source, where, hot, peak, model[hot], measured.iteration,
-                       offsets, tuple(sorted(own)))
+                       offsets, tuple(sorted(own)), tuple(r.peak_bytes for r in est.ranks))
 
 
 def refuse_impossible(cal: Calibration, candidates) -> None:

@@ -65,6 +65,7 @@ def plan(w, version=None, **options) -> PlanReport:
     cands.sort(key=order)
     rec = recommend(cands)
     fits = rec is not None and rec.fits
+    verdict = rec.verdict if rec is not None else "no"
     free = None
     if asked.need is not None:
         target = q.rank if q.rank is not None else (
@@ -72,6 +73,7 @@ def plan(w, version=None, **options) -> PlanReport:
             and asked.measured.failed_rank is not None else current.hottest_pp_rank)
         rec, free = free_memory(cands, current, asked.need, target)
         fits = rec is not None
+        verdict = "fits" if fits else "no"
     side_by_side = []
     if q.alternatives:
         from mbridge_recompute.plan import alternatives as alt
@@ -79,12 +81,23 @@ def plan(w, version=None, **options) -> PlanReport:
         side_by_side = alt.rows(pricer, cands, current, settle_one)
 
     estimate = _current_estimate(pricer)
+    tight = verdict == "tight" and free is None
+    cheaper = None
+    if free is None and rec is not None and rec.fits:
+        # a cheaper setting whose predicted peak fits but whose band crosses the budget: a
+        # calibration run can tell whether it is enough
+        cheaper = next((c for c in cands if c.allowed and c.verdict == "tight" and c.point_fits
+                        and order(c) < order(rec)), None)
     report = PlanReport(
         warnings=[], workload=workload_summary(w, current.setting), budget_bytes=asked.budget,
         estimate=estimate, labels=found.effects, candidates=cands, current=current,
-        recommendation=rec, fits=fits,
-        diagnosis=None if fits else (sentences.no_free(free) if free else
-                                     sentences.no_fit(estimate, rec, asked.budget)),
+        recommendation=rec, fits=fits, verdict=verdict,
+        bands=[pricer.band(w, estimate, r, calibration is not None) for r in estimate.ranks],
+        calibrate_first=sentences.calibrate_first(current, (cheaper or rec).upper_bytes, asked.budget,
+                                                  cheaper, cheaper or rec, calibration is not None)
+        if tight or cheaper is not None else None, cheaper_tight=cheaper,
+        diagnosis=None if fits or tight else (sentences.no_free(free) if free else
+                                              sentences.no_fit(estimate, rec, asked.budget)),
         calibration=calibration, free=free, per_rank=q.per_rank, alternatives=q.alternatives,
         recompute_recommendation=recompute_rec, side_by_side=side_by_side,
         workload_findings=errors(pricer.baseline["findings"]), assumptions=[], top=q.top,
@@ -156,8 +169,6 @@ def _explain(report: PlanReport, pricer, found, asked, q) -> None:
     chunks = place(w, pricer.version)
     unmodelled = coverage.unmodelled(w)      # once: the warnings and the assumptions both name them
     report.warnings = coverage.findings(w, unmodelled)
-    if w.overlap_moe_expert_parallel_comm:
-        report.warnings.append(sentences.ep_overlap_warning())
     out = list(report.estimate.assumptions) + [u.sentence() for u in unmodelled]
     out += [asked.budget_text, sentences.PEAK_AND_COST,
             sentences.searched(len(report.candidates), found.combinable, chunks.distinct_chunk_sizes,

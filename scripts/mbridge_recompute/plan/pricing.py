@@ -25,6 +25,10 @@ class Pricer:
         self._check = lambda with_setting: check_workload(with_setting, validator="builtin", version=version)
         self.baseline = self._check(RecomputeSetting.selective().apply(w))
         self.baseline_errors = frozenset(f["id"] for f in errors(self.baseline["findings"]))
+        from mbridge_recompute.memory import coverage
+
+        # settings of this workload the model does not read widen every candidate's band
+        self.unmodelled = len(coverage.unmodelled(w))
 
     def findings(self, setting: RecomputeSetting) -> list:
         """The findings `setting` adds over the [] control."""
@@ -59,7 +63,16 @@ class Pricer:
                          cost_pct=float(terms.cost_pct), shares=terms,
                          rejected_by=tuple(sorted({f["id"] for f in errors(findings)})),
                          disabled=off, step=step,
-                         rank_allocated=tuple(int(r.allocated_peak_bytes) for r in est.ranks))
+                         rank_allocated=tuple(int(r.allocated_peak_bytes) for r in est.ranks),
+                         rank_band=tuple(self.band(with_setting, est, r).device for r in est.ranks),
+                         rank_band_calibrated=tuple(self.band(with_setting, est, r, True).device
+                                                    for r in est.ranks))
+
+    def band(self, w, est, rank, calibrated: bool = False):
+        """One rank's error band (memory/band.py) for an estimate of this workload."""
+        from mbridge_recompute.memory import band
+
+        return band.band(w, est, rank, self.unmodelled, calibrated)
 
 
 def _offload_skip(f: dict) -> bool:

@@ -46,6 +46,11 @@ class Candidate:
     shares: Optional[StepShares] = None   # cost_pct split: replay, offload copies, layout (CP)
     rank_host: tuple = ()             # fine-grained offloading: pinned host bytes per PP rank
     rank_allocated: tuple = ()        # modelled allocated peak of every PP rank (max_memory_allocated)
+    rank_band: tuple = ()             # per PP rank: (below, above) bytes of the device peak's band
+    rank_band_calibrated: tuple = ()  # the same once a calibration absorbed what it can
+    verdict: str = "no"               # fits / tight (the band crosses the budget) / no (budget.settle)
+    point_fits: bool = False          # the predicted peak itself is within the budget
+    ref_peaks: tuple = ()             # calibrated: the measured setting's modelled peak per rank
 
     @property
     def name(self) -> str:
@@ -73,6 +78,35 @@ class Candidate:
         its device peak."""
         base = self.rank_allocated[rank] if self.rank_allocated else self.rank_peaks[rank]
         return base + self.offset(rank)
+
+    def band(self, rank: int) -> tuple:
+        """(below, above): how far rank `rank`'s measured device peak may lie from its predicted
+        one (memory/band.py). Once calibrated, what stays is the terms a calibration keeps plus
+        the error of the change from the measured setting (memory.band.CALIBRATED_DELTA of it)."""
+        from mbridge_recompute.memory.band import CALIBRATED_DELTA
+
+        if self.offsets and self.rank_band_calibrated:
+            below, above = self.rank_band_calibrated[rank]
+            delta = abs(self.rank_peaks[rank] - self.ref_peaks[rank]) if self.ref_peaks else 0
+            return (below + round(CALIBRATED_DELTA[0] * delta),
+                    above + round(CALIBRATED_DELTA[1] * delta))
+        return tuple(self.rank_band[rank]) if self.rank_band else (0, 0)
+
+    def band_edges(self, rank: int) -> tuple:
+        """(lower, upper) edges of rank `rank`'s device-peak band, calibrated."""
+        below, above = self.band(rank)
+        peak = self.rank_peak(rank)
+        return max(peak - below, 0), peak + above
+
+    @property
+    def upper_bytes(self) -> int:
+        """The band's upper edge on the rank where it is highest: what must fit the budget."""
+        return max(self.band_edges(r)[1] for r in range(len(self.rank_peaks)))
+
+    @property
+    def lower_bytes(self) -> int:
+        """The band's lower edge on the rank where it is highest: over the budget, nothing fits."""
+        return max(self.band_edges(r)[0] for r in range(len(self.rank_peaks)))
 
     @property
     def hottest_pp_rank(self) -> int:
@@ -121,6 +155,11 @@ class Candidate:
                   "offset_bytes": int(self.offset(self.hottest_pp_rank)) if m else None,
                   "rank_static_bytes": [int(x) for x in self.rank_static] if m else None,
                   "rank_offset_bytes": [int(self.offset(r)) for r in ranks] if m else None,
+                  "verdict": self.verdict if self.allowed and m else "rejected",
+                  "point_fits": self.point_fits,
+                  "band_lower_bytes": int(self.lower_bytes) if m else None,
+                  "band_upper_bytes": int(self.upper_bytes) if m else None,
+                  "rank_band_bytes": [[int(x) for x in self.band_edges(r)] for r in ranks] if m else None,
                   "allocated_peak_bytes": int(self.allocated_peak(self.hottest_pp_rank)) if m else None,
                   "rank_allocated_peak_bytes": [int(self.allocated_peak(r)) for r in ranks] if m else None,
                   "cost_pct": round(self.cost_pct, 3),
@@ -162,6 +201,18 @@ class LabelEffect:
                 "cost_far_below_measured": list(self.cost_far_below_measured)}
 
 
+def band_dict(b) -> Optional[dict]:
+    """A rank's band as JSON: bytes below / above the allocated and the device peak, and the
+    terms it is made of."""
+    if b is None:
+        return None
+    return {"allocated_below_bytes": b.allocated[0], "allocated_above_bytes": b.allocated[1],
+            "device_below_bytes": b.device[0], "device_above_bytes": b.device[1],
+            "terms": [{"name": t.name, "below_bytes": t.lower, "above_bytes": t.upper,
+                       "device_only": t.device_only, "kept_by_calibration": t.kept, "why": t.why}
+                      for t in b.terms]}
+
+
 def nearest(points: list, anchor: Optional[Candidate], n: int) -> list:
     """The n points closest in replay cost to `anchor` (the anchor itself first when present)."""
     if anchor is None:
@@ -192,6 +243,11 @@ class PlanReport:
     recompute_recommendation: Optional[Candidate] = None   # the cheapest pure-recompute answer
     side_by_side: list = field(default_factory=list)       # alternatives beside single labels
     per_rank: bool = False            # --per-rank: the text shows every rank's numbers
+    verdict: str = "no"               # the recommendation's: fits / tight / no
+    bands: list = field(default_factory=list)       # memory.band.Band of each rank, current setting
+    calibrate_first: Optional[str] = None           # with a tight verdict: the run to measure first
+    cheaper_tight: Optional[Candidate] = None       # a cheaper setting whose band crosses the budget
+    evidence_notes: list = field(default_factory=list)   # published runs of this workload, set beside it
 
     NEIGHBOURS = 2                    # sweep neighbours of the recommendation without --top
 
@@ -232,7 +288,8 @@ class PlanReport:
             from mbridge_recompute.write.snippets import render_all
 
             rec = self.recommendation.to_dict()
-            rec.update({"fits": self.fits, "budget_bytes": self.budget_bytes,
+            rec.update({"fits": self.fits, "verdict": self.verdict, "budget_bytes": self.budget_bytes,
+                        "calibrate_first": self.calibrate_first,
                         "snippets": render_all(self.recommendation.setting), "caveat": CAVEAT})
         out = {
             "version": self.release.requested if self.release else None,
@@ -240,7 +297,9 @@ class PlanReport:
             "release": self.release.to_dict() if self.release else None,
             "workload": dict(self.workload),
             "budget_bytes": self.budget_bytes,
-            "ranks": [r.as_dict() for r in self.estimate.ranks] if self.estimate is not None else [],
+            "ranks": [dict(r.as_dict(), band=band_dict(b)) for r, b in
+                      zip(self.estimate.ranks, self.bands or [None] * len(self.estimate.ranks))]
+            if self.estimate is not None else [],
             "hottest_pp_rank": self.hottest_pp_rank,
             "labels": [e.to_dict() for e in self.labels],
             "current": self.current.to_dict() if self.current is not None else None,
@@ -248,6 +307,10 @@ class PlanReport:
             "candidates": [c.to_dict() for c in self.candidates],
             "recommendation": rec,
             "fits": self.fits,
+            "verdict": self.verdict,
+            "cheaper_if_calibrated": self.cheaper_tight.to_dict() if self.cheaper_tight else None,
+            "calibrate_first": self.calibrate_first,
+            "evidence_notes": list(self.evidence_notes),
             "diagnosis": self.diagnosis,
             "harness_candidates": self.harness_candidates,
             "calibration": self.calibration.to_dict() if self.calibration else None,

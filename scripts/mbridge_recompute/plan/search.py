@@ -192,12 +192,17 @@ def _complexity(s: RecomputeSetting) -> int:
 
 
 def recommend(cands: list[Candidate]) -> Optional[Candidate]:
-    """The cheapest allowed candidate that fits, else the lowest-peak allowed one (which then
-    does not fit), else None when every candidate is rejected."""
+    """The cheapest allowed candidate that fits at its band's upper edge; else the cheapest
+    `tight` one whose predicted peak is within the budget (to be confirmed by a calibration run),
+    else the lowest-peak allowed one (which then does not fit); None when every candidate is
+    rejected."""
     allowed = [c for c in cands if c.allowed]
     fitting = sorted((c for c in allowed if c.fits), key=order)
     if fitting:
         return fitting[0]
     if not allowed:
         return None
+    tight = sorted((c for c in allowed if c.verdict == "tight" and c.point_fits), key=order)
+    if tight:
+        return tight[0]
     return min(allowed, key=lambda c: (c.peak_bytes, c.cost_pct))

@@ -22,20 +22,31 @@ ALTERNATIVES = (
 
 
 EP_OVERLAP_NOT_PRICED = (
-    "EP overlap (overlap_moe_expert_parallel_comm) is not among the alternatives: the step model "
-    "has no all-to-all time for it to hide, and its warm-up forward's buffers are not modelled "
-    "(only the extra in-flight micro-batch it runs with VPP is)")
+    "EP overlap (overlap_moe_expert_parallel_comm) is not among the alternatives: its memory is "
+    "modelled (the extra in-flight forward, one layer's forward and another's backward working "
+    "sets at once), but the step model has no all-to-all time for it to hide")
 
 
-def ep_overlap_warning() -> dict:
-    """A not-modelled warning, in coverage.findings' shape, for a workload running EP overlap."""
-    return {"id": "not-modelled", "severity": "warning", "kind": "model-coverage",
-            "message": ("not modelled: overlap_moe_expert_parallel_comm=true: the buffers of its "
-                        "warm-up forward and the all-to-all time it hides (the extra in-flight "
-                        "micro-batch it runs with VPP is modelled)"),
-            "field": "overlap_moe_expert_parallel_comm", "value": "true",
-            "fix": "the plan does not account for it: compare with a measured run",
-            "source": "memory-model", "citation": "", "upstream_message": ""}
+def calibrate_first(current, band_upper: int, budget: int, cheaper=None, target=None,
+                    calibrated: bool = False) -> str:
+    """What to do when a band crosses the budget (the recommendation's, or a cheaper setting's
+    whose predicted peak fits): measure the current setting, then plan again anchored on it (the
+    band narrows to what changes between settings); already calibrated, run the setting itself."""
+    which = (f"the cheaper {cheaper.name} (predicted {cheaper.peak_bytes / GB:.2f} GB) may fit: its band "
+             if cheaper is not None else "the band of the recommendation ")
+    if calibrated and target is not None:
+        return (f"confirm first: {which}reaches {band_upper / GB:.2f} GB, over the "
+                f"{budget / GB:.2f} GB budget, even calibrated. Run {target.name} itself for 2 "
+                f"iterations (run_harness.py --candidates '{target.name}' --no-control --launch -- "
+                "<the job's Bridge harness arguments> -ms 2) and compare its mem-max-allocated-"
+                "gigabytes with the budget less the device terms (compare_runs.py)")
+    return (f"calibrate first: {which}reaches {band_upper / GB:.2f} GB, "
+            f"over the {budget / GB:.2f} GB budget. Run the current setting ({current.name}) for 2 "
+            f"iterations, e.g. run_harness.py --candidates '{current.name}' --no-control --launch "
+            "-- <the job's Bridge harness arguments> -ms 2, then plan again with "
+            "--measured-peak-gb <the hottest rank's mem-max-allocated-gigabytes> "
+            "--measured-iteration 1 (Bridge prints memory once, after iteration 1), or with "
+            "--measured <compare_runs.py --json of that run>")
 
 
 def searched(n: int, combinable: list, distinct_chunks, longest: int, grid: str) -> str:

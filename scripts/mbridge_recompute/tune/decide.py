@@ -166,8 +166,11 @@ def _saving(s: Situation, c) -> int:
 
 
 def fits(s: Situation, c) -> bool:
-    """Predicted to pass: plan's fit (the band's upper edge where it reports one) and the saving."""
-    return bool(c.fits) and (s.need is None or _saving(s, c) >= s.need)
+    """Predicted to pass: plan's fit (the band's upper edge) or a `tight` verdict whose point
+    estimate fits -- tune measures every setting it picks, which is the calibration a tight band
+    asks for -- and the saving."""
+    passes = bool(c.fits) or (getattr(c, "verdict", "") == "tight" and point_fits(s, c))
+    return passes and (s.need is None or _saving(s, c) >= s.need)
 
 
 def point_fits(s: Situation, c) -> bool:

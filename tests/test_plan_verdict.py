@@ -1,0 +1,100 @@
+"""The verdict a plan gives: `fits` only when the error band's upper edge fits the budget,
+`tight` when the band crosses it (and then: calibrate first, with the command), `no` when even
+its lower edge is over; calibration narrows the band. The band holds every measured peak of
+the accuracy table, so a plan never says `fits` for a budget the measured run exceeded."""
+
+from __future__ import annotations
+
+import sys
+
+import pytest
+
+from mbridge_recompute.inputs.loading import load_workload
+from mbridge_recompute.plan.budget import settle, verdict
+from mbridge_recompute.plan.planner import plan
+from mbridge_recompute.plan.pricing import Pricer
+from mbridge_recompute.setting import RecomputeSetting
+from mbridge_recompute.units import GB
+
+from conftest import EXAMPLES, ROOT
+
+sys.path.insert(0, str(ROOT / "benchmarks"))
+import measured_peaks  # noqa: E402
+
+
+def _llama():
+    return load_workload(str(EXAMPLES / "llama3_70b_fp8.yaml"))
+
+
+def test_fits_only_when_the_bands_upper_edge_is_within_the_budget():
+    r = plan(_llama()).to_dict()
+    rec = r["recommendation"]
+    assert rec["verdict"] == "fits" and rec["fits"] and r["fits"]
+    assert rec["band_lower_bytes"] < rec["peak_bytes"] < rec["band_upper_bytes"] <= r["budget_bytes"]
+    for c in r["candidates"]:
+        if c["allowed"] and c["peak_bytes"] is not None:
+            assert c["fits"] == (c["band_upper_bytes"] <= r["budget_bytes"])
+
+
+def test_tight_when_the_band_crosses_the_budget_and_the_plan_says_calibrate_first():
+    cands = [c for c in plan(_llama()).to_dict()["candidates"] if c["allowed"] and c["peak_bytes"]]
+    lowest_top = min(c["band_upper_bytes"] for c in cands)
+    budget = (lowest_top - 0.5 * GB) / GB          # under every band's top, over some peaks
+    assert any(c["peak_bytes"] <= budget * GB for c in cands)
+    r = plan(_llama(), budget_gb=budget)
+    assert r.verdict == "tight" and not r.fits and r.recommendation.peak_bytes <= r.budget_bytes
+    assert r.calibrate_first.startswith("calibrate first")
+    assert "run_harness.py --candidates" in r.calibrate_first and "-ms 2" in r.calibrate_first
+    assert "--measured-peak-gb" in r.calibrate_first and "--measured-iteration 1" in r.calibrate_first
+    j = r.to_dict()
+    assert j["verdict"] == "tight" and j["recommendation"]["calibrate_first"] == r.calibrate_first
+
+
+def test_no_when_even_the_bands_lower_edge_is_over_the_budget():
+    r = plan(_llama(), budget_gb=20).to_dict()
+    assert r["verdict"] == "no" and not r["fits"] and r["recommendation"]["verdict"] == "no"
+    assert r["recommendation"]["band_lower_bytes"] > r["budget_bytes"]
+
+
+def test_a_calibration_narrows_the_band_to_what_changes_between_settings():
+    w = _llama()
+    plain = plan(w).to_dict()["current"]
+    measured = plain["allocated_peak_bytes"] / GB
+    cal = plan(w, measured_peak_gb=measured).to_dict()["current"]
+    width = lambda c: c["band_upper_bytes"] - c["band_lower_bytes"]   # noqa: E731
+    assert width(cal) < width(plain) / 3
+
+
+def test_the_band_terms_are_named_in_the_plans_output():
+    """A MoE workload on the flex dispatcher with CUDA graphs: each term it carries is named."""
+    r = plan(load_workload(str(EXAMPLES / "nemotron_3_nano.yaml"))).to_dict()
+    names = {t["name"] for t in r["ranks"][0]["band"]["terms"]}
+    assert {"model", "routing imbalance", "MoE static residue", "CUDA-graph pool",
+            "flex dispatcher buffers"} <= names
+    from mbridge_recompute.commands.plan import render_text
+
+    text = " ".join(render_text(plan(load_workload(str(EXAMPLES / "nemotron_3_nano.yaml")))).split())
+    for name in names:
+        assert name in text
+
+
+CASES = {c["id"]: c for c in measured_peaks.cases()}
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_no_measured_case_is_said_to_fit_a_budget_its_run_exceeded(case):
+    """With the budget just under what the run held (its measured peak allocated plus what the
+    allocator does not count), the plan's verdict for the setting that ran is never `fits`."""
+    c = CASES[case]
+    w = measured_peaks.workload_of(c)
+    ran = RecomputeSetting.from_workload(w)
+    pricer = Pricer(w, None)
+    cand = pricer.price(ran)
+    rank = c.get("pp_rank", -1) % len(cand.rank_peaks)
+    outside = cand.rank_peaks[rank] - cand.rank_allocated[rank]
+    measured = max(c["peak_after_iteration"].values())
+    budget = measured + outside - 1
+    settle([cand], budget, None)
+    # the band of the measured rank reaches above what was measured
+    assert cand.band_edges(rank)[1] > budget, (case, cand.band_edges(rank), budget)
+    assert verdict(cand, budget) != "fits"
