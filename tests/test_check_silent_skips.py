@@ -193,3 +193,18 @@ def test_a_skipped_offload_is_priced_as_the_same_workload_without_it(offload, mo
         memory.estimate(written, disabled=label_off).hottest.peak_bytes
     assert memory.estimate(w, disabled=off).hottest.peak_bytes >= \
         memory.estimate(w, disabled=label_off).hottest.peak_bytes
+
+
+def test_offloading_a_module_inside_a_captured_cuda_graph_needs_transformer_engine_2_14():
+    w = wl(["core_attn"], **_graphs(["attn"]), te_version="2.13.0")
+    f = found(w, "0.19")["offload-captured-in-cuda-graph-needs-te-2-14"]
+    assert f["severity"] == "error" and f["kind"] == "runtime"
+    assert f["upstream_message"] == "Offloading modules captured in cuda graph requires TE>=2.14.0."
+    assert "offload-captured-in-cuda-graph-needs-te-2-14" not in found(w.replace(te_version="2.14.0"), "0.19")
+    assert found(w.replace(te_version=None), "0.19")["offload-captured-in-cuda-graph-needs-te-2-14"][
+        "severity"] == "warning"
+    # a module outside the capture, and releases before the check, say nothing
+    outside = w.replace(cuda_graph_modules=["mlp"])
+    assert "offload-captured-in-cuda-graph-needs-te-2-14" not in found(outside, "0.19")
+    assert "offload-captured-in-cuda-graph-needs-te-2-14" not in found(
+        w.replace(cuda_graph_modules=None, cuda_graph_scope=["attn"]), "0.18")

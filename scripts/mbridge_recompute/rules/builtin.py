@@ -1362,6 +1362,31 @@ def _mlp_norm_graph(s: State):
                disables=_skip("mlp_norm") if whole else ())
 
 
+@rule("offload-captured-in-cuda-graph-needs-te-2-14")
+def _offload_in_graph_te(s: State):
+    from mbridge_recompute.layer_spec import norm_fused
+
+    mods = _offloaded(s)
+    if not mods or not s.per_layer_graphs:
+        return None
+    captured = sorted(mods & {"core_attn", "attn_proj", "qkv_linear"}) if "attn" in s.scopes else []
+    dense = any("mlp" in k.split("+") and "moe" not in k.split("+") for k in s.w.layer_kinds())
+    if "mlp_norm" in mods and dense and "attn" in s.scopes and "mlp" in s.scopes \
+            and not norm_fused("mlp", s.w.transformer_impl == "transformer_engine"):
+        captured.append("mlp_norm")
+    if not captured:
+        return None
+    need = s.params("offload-captured-in-cuda-graph-needs-te-2-14")["min_te"]
+    ok = s.te_min(need)
+    if ok:
+        return None
+    what = f"{_fmt(captured)} offloaded inside the captured CUDA graph"
+    if ok is None:
+        return Hit(f"{what} needs Transformer Engine >= {need} and torch >= 2.9; the TE version on "
+                   "the training nodes is unknown (set cluster.te_version)", severity="warning")
+    return Hit(f"{what} with Transformer Engine {s.te_shown()} (needs >= {need})")
+
+
 @rule("cpu-offloading-weights-ignored")
 def _cpu_weights(s: State):
     if not (s.w.cpu_offloading and s.extra.get("cpu_offloading_weights")):
