@@ -51,9 +51,10 @@ def test_adding_0_19_2_again_reproduces_the_cards_0_19_sites(readded):
     change, old, new = readded
     patched = set(releases.meta("0.19")["patch_files"])
     by_id = {r.cid: r for r in change.refound}
-    assert len(by_id) == sum("0.18" in c["at"] for c in card.constraints()) > 100
+    mcore = [c for c in card.constraints() if not c.get("bridge")]     # Bridge's rules cite Bridge
+    assert len(by_id) == sum("0.18" in c["at"] for c in mcore) > 100
     same, shifted, changed, ended = [], [], [], []
-    for c in card.constraints():
+    for c in mcore:
         if "0.18" not in c["at"]:
             continue
         r, want = by_id[c["id"]], c["at"].get("0.19")
@@ -118,12 +119,13 @@ def test_writing_the_readded_release_into_a_card_without_it_gives_back_the_card(
     expected_changes = {c["id"] for c in card.constraints() if "0.19" in c["at"]} & differ | {
         c["id"] for c in card.constraints() if "0.19" not in c["at"] and c["id"] in change.at}
     ids = re.findall(r"^  - id: (\S+)", text, flags=re.M)
+    bridge = {c["id"] for c in card.constraints() if c.get("bridge")}   # not the tool's to re-find
     wrong = []
     cid = None
     for a, b in zip(text.splitlines(), out.splitlines()):
         m = re.match(r"  - id: (\S+)", a)
         cid = m.group(1) if m else cid
-        if a != b and cid not in expected_changes:
+        if a != b and cid not in expected_changes and cid not in bridge:
             wrong.append((cid, a.strip()[:80], b.strip()[:80]))
     assert len(text.splitlines()) == len(out.splitlines()) and len(ids) > 100
     assert wrong == []

@@ -64,7 +64,7 @@ RAISED = [
     ("--checkpoint-activations is no longer valid, use --recompute-activations, or, for more control, "
      "--recompute-granularity and --recompute-method.", "checkpoint-activations-removed"),
     ("AssertionError: Fine-grained activation offloading is only supported with transformer_engine "
-     "implementation", "fine-grained-offloading-needs-te"),
+     "implementation", "fine-grained-offloading-needs-te-impl"),
     # __post_init__ (card)
     ("AssertionError: Invalid choices for recompute_modules: {'moe_layer'}. Allowed modules are: "
      "{'core_attn', 'moe_act', 'layernorm', 'mla_up_proj', 'mlp', 'moe', 'shared_experts'}",

@@ -450,11 +450,13 @@ def add(key: str, new: Tree, previous: Optional[str] = None, old: Optional[Tree]
     previous = previous or [k for k in numbered if k != key][-1]
     old = old or Tree(MLM_MIRROR, data["releases"][previous]["tag"])
     change = ReleaseChange(key, previous, new.name)
-    sites = {c["id"]: c["at"][previous] for c in data["constraints"] if previous in c["at"]}
+    # Megatron Bridge's own rules (a `bridge` field) cite Bridge's lines, not megatron-core's
+    mcore = [c for c in data["constraints"] if not c.get("bridge")]
+    sites = {c["id"]: c["at"][previous] for c in mcore if previous in c["at"]}
     for cid, (text, status, note) in refind_sites(old, new, sites).items():
         change.refound.append(Refound(cid, sites[cid], text, status, note))
     if main is not None:
-        later = {c["id"]: c["at"]["main"] for c in data["constraints"]
+        later = {c["id"]: c["at"]["main"] for c in mcore
                  if "main" in c["at"] and previous not in c["at"]}
         for cid, (text, _status, _note) in refind_sites(main, new, later).items():
             if text:

@@ -197,10 +197,6 @@ RUNTIME: tuple = (
          "replace --checkpoint-activations with --recompute-activations (selective) or "
          "--recompute-granularity full --recompute-method uniform|block --recompute-num-layers N",
          "megatron/training/arguments.py:424-432 @ core_v0.16.1"),
-    _sig("fine-grained-offloading-needs-te", "config",
-         "Fine-grained activation offloading is only supported with transformer_engine implementation",
-         "use transformer_impl=transformer_engine or disable fine_grained_activation_offloading",
-         "megatron/training/arguments.py:1222-1227 @ core_v0.16.1"),
 )
 
 
@@ -211,7 +207,7 @@ def card_signatures() -> tuple:
 
     out = []
     for c in card.constraints():
-        kind = "config" if c.get("kind") in ("config", "training-args") else "runtime"
+        kind = "config" if c.get("kind") in ("config", "training-args", "bridge") else "runtime"
         for message, keys in card.message_variants(c["id"]):   # the text can differ by release
             msg = (message or "").strip()
             if msg in _NOT_A_MESSAGE or len(msg) < 12:

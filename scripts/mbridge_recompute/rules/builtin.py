@@ -1202,6 +1202,23 @@ def _bridge_run(s: State) -> bool:
     return s.w.defaults_source != "megatron-lm"
 
 
+@rule("fine-grained-offloading-needs-te-impl")
+def _mlm_fg_impl(s: State):
+    if not _bridge_run(s) and s.w.fine_grained_activation_offloading \
+            and s.w.transformer_impl != "transformer_engine":
+        return Hit(f"fine-grained offloading with transformer_impl={s.w.transformer_impl}")
+
+
+@rule("fine-grained-offloading-needs-nvte-cpu-offload-v1")
+def _mlm_fg_env(s: State):
+    if _bridge_run(s) or not s.w.fine_grained_activation_offloading:
+        return None
+    if s.te_min(s.params("fine-grained-offloading-needs-nvte-cpu-offload-v1")["from_te"]) is False:
+        return None
+    return Hit("fine-grained offloading with Transformer Engine >= 2.10 (or unknown): Megatron-LM "
+               "asserts NVTE_CPU_OFFLOAD_V1=1 in the launch environment")
+
+
 @rule("bridge-local-cuda-graph-needs-full-iteration")
 def _bridge_local_graph(s: State):
     if not _bridge_run(s) or s.w.cuda_graph_impl != "local" or s.full_iteration:
