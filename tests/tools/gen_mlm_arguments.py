@@ -95,7 +95,38 @@ def part() -> dict:
 
     extra = _actions(add_modelopt_args(parser), skip=base)
     version = metadata.version("megatron-core")
-    return {".".join(version.split(".")[:2]): {"version": version, "actions": actions, "extra": extra}}
+    return {".".join(version.split(".")[:2]): {"version": version, "actions": actions, "extra": extra,
+                                                 "validate": validate_facts(version)}}
+
+
+# validate_args rules --mlm-args follows, found in the release's own arguments.py by the line
+# that starts each (cited as file:line @ megatron-core VERSION)
+ANCHORS = {"recompute": "if args.recompute_activations:",
+           "vpp": "# Uneven virtual pipeline parallelism",
+           "grads": "args.accumulate_allreduce_grads_in_fp32 = True",
+           "kv": "if args.kv_channels is None:"}
+
+
+def validate_facts(version: str) -> dict:
+    """Per release: where each rule sits, and how many tokens NullTokenizer adds to --vocab-size
+    (its vocab_size property, built here as build_tokenizer builds it)."""
+    import inspect
+
+    from megatron.core.tokenizers.text.libraries import null_tokenizer
+    from megatron.training import arguments
+
+    lines = inspect.getsource(arguments).splitlines()
+    out = {}
+    for name, anchor in ANCHORS.items():
+        n = next(i for i, line in enumerate(lines, 1) if line.strip() == anchor)
+        out[name] = f"arguments.py:{n} @ megatron-core {version}"
+    extra = null_tokenizer.NullTokenizer(1024).vocab_size - 1024
+    src = inspect.getsource(null_tokenizer).splitlines()
+    n = next(i for i, line in enumerate(src, 1) if "def vocab_size" in line)
+    out["null"] = (f"core/tokenizers/text/libraries/null_tokenizer.py:{n} @ megatron-core {version} "
+                   f"(--vocab-size{f' + {extra}' if extra else ''})")
+    out["null_tokenizer_extra"] = extra
+    return out
 
 
 def write() -> None:

@@ -18,7 +18,7 @@ happens to stand in is never imported. Either way the flags, their defaults and
 store_true/store_false meaning are Megatron-LM's.
 
 The namespace is then read as `validate_args` leaves it (arguments.py @ megatron-core 0.17.1,
-0.18.2, 0.19.2; `VALIDATE` below cites each rule per release; tests/test_mlm_validate_args.py
+0.18.2, 0.19.2; data/mlm_arguments.json cites each rule per release; tests/test_mlm_validate_args.py
 runs the real parser, validate_args and build_tokenizer of each release on the same lists):
 `--recompute-activations` is selective recompute, VPP comes from
 --num-layers-per-virtual-pipeline-stage / --num-virtual-stages-per-pipeline-rank (refused where
@@ -361,24 +361,6 @@ def _plain(value):
     return value
 
 
-# Where each release's validate_args (megatron/training/arguments.py) and tokenizer hold the rules
-# the reading follows; 0.16 lists are read with 0.17's definitions, main with 0.19's.
-VALIDATE = {
-    "0.17": {"recompute": "arguments.py:498-500 @ core_v0.17.1", "vpp": "arguments.py:759-811 @ core_v0.17.1",
-             "grads": "arguments.py:992-1004 @ core_v0.17.1", "kv": "arguments.py:1104-1106 @ core_v0.17.1",
-             "null": "core/tokenizers/text/libraries/null_tokenizer.py:50-52 @ core_v0.17.1 "
-                     "(--vocab-size + 1)"},
-    "0.18": {"recompute": "arguments.py:605-607 @ core_v0.18.2", "vpp": "arguments.py:906-958 @ core_v0.18.2",
-             "grads": "arguments.py:1172-1184 @ core_v0.18.2", "kv": "arguments.py:1282-1284 @ core_v0.18.2",
-             "null": "core/tokenizers/text/libraries/null_tokenizer.py:60-62 @ core_v0.18.2 "
-                     "(--vocab-size)"},
-    "0.19": {"recompute": "arguments.py:589-591 @ megatron-core 0.19.2",
-             "vpp": "arguments.py:893-945 @ megatron-core 0.19.2",
-             "grads": "arguments.py:1181-1193 @ megatron-core 0.19.2",
-             "kv": "arguments.py:1291-1293 @ megatron-core 0.19.2",
-             "null": "core/tokenizers/text/libraries/null_tokenizer.py:60-62 @ megatron-core 0.19.2 "
-                     "(--vocab-size)"},
-}
 # GPT-2's vocabulary: GPT2BPETokenizer loads the `gpt2` vocab.json and merges
 # (core/tokenizers/text/libraries/megatron_hf_tokenizer.py:40-44 @ megatron-core 0.19.2), whose 50257
 # entries are also GPT2Config's default vocab_size (transformers/models/gpt2/configuration_gpt2.py:78
@@ -387,7 +369,10 @@ GPT2_VOCAB = 50257
 
 
 def _rules(key: str) -> dict:
-    return VALIDATE.get(key, VALIDATE["0.17" if key == "0.16" else "0.19"])
+    """Where the release's validate_args holds each rule the reading follows, and its
+    NullTokenizer's extra token (written down per release from its own sources by
+    tests/tools/gen_mlm_arguments.py; a release without them reads with the nearest's)."""
+    return _definitions()[_definitions_for(key)]["validate"]
 
 
 def _vpp(a: dict, model: dict, cite: str) -> None:
@@ -448,7 +433,7 @@ def _vocabulary(a: dict, rules: dict, key: str) -> tuple:
         return None, False, ("vocabulary unknown: --no-pad-vocab-size leaves it to the model config; the "
                              "embedding, output layer and logits are left out of every figure")
     if kind in ("NullTokenizer",) and a.get("vocab_size"):
-        return a["vocab_size"] + (1 if key in ("0.16", "0.17") else 0), True, None
+        return a["vocab_size"] + rules["null_tokenizer_extra"], True, None
     if kind == "GPT2BPETokenizer":
         return GPT2_VOCAB, True, None
     named = f"--tokenizer-type {kind}" if kind else "no --tokenizer-type"
