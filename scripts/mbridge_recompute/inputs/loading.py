@@ -354,6 +354,7 @@ def load_workload(path: str | None = None, sets: Iterable[str] = (), model: str 
 
     peft, peft_notes = peft_reader.read(data.get("peft"))
     input_notes += peft_notes
+    input_notes += _fsdp_notes(data)
     fields, extra, notes = _sections_to_fields(data, provider)
     first_k = fields.pop("_first_k_dense", None)
     if first_k is not None and "moe_layer_freq" not in fields:
@@ -374,6 +375,23 @@ def load_workload(path: str | None = None, sets: Iterable[str] = (), model: str 
     validate(workload, releases.resolve(mcore_version))
     _require_model(data, path)      # last: a wrong value in what is given is named first
     return workload
+
+
+def _fsdp_notes(data: dict) -> list:
+    """Megatron-FSDP or torch FSDP2 in a dump: named first as not modelled (they shard parameters,
+    gradients and optimizer state over the data-parallel ranks; the static figures are the
+    unsharded data-parallel ones)."""
+    ddp = data.get("ddp") if isinstance(data.get("ddp"), dict) else {}
+    dist = data.get("dist") if isinstance(data.get("dist"), dict) else {}
+    if ddp.get("use_megatron_fsdp") is True or ddp.get("use_custom_fsdp") is True:
+        how = f"ddp.use_megatron_fsdp, sharding {ddp.get('data_parallel_sharding_strategy')}"
+    elif dist.get("use_torch_fsdp2") is True:
+        how = "dist.use_torch_fsdp2"
+    else:
+        return []
+    return [f"FSDP ({how}) is not modelled: it shards parameters, gradients and optimizer state over "
+            "the data-parallel ranks, and the static figures here are the unsharded data-parallel ones "
+            "(an upper bound)"]
 
 
 def load_from_args(args, mcore_version: releases.ReleaseLike | None = None,

@@ -111,6 +111,7 @@ def from_launch(tokens: list, where: str) -> Optional[tuple]:
         if m:
             env[m.group(1)] = m.group(2)
     sizes: dict[str, tuple] = {}
+    elastic = False
     i = 0
     while i < len(tokens):
         tok = tokens[i]
@@ -119,6 +120,7 @@ def from_launch(tokens: list, where: str) -> Optional[tuple]:
             option = next((o for o in options if tok == o or tok.startswith(o + "=")), None)
             if option is not None:
                 text, i = _value(tokens, i, option)
+                elastic |= key == "nodes" and ":" in text      # torchrun's MIN:MAX: no one size
                 n = _count(text, env, option, where)
                 if n is not None:
                     sizes[key] = (n, f"{option} {n}")
@@ -130,6 +132,8 @@ def from_launch(tokens: list, where: str) -> Optional[tuple]:
             n = _count(env[name], env, name, where)
             if n is not None:
                 sizes[key] = (n, f"{name}={n}")
+    if elastic and "tasks" not in sizes:
+        return None
     if "tasks" in sizes:
         n, said = sizes["tasks"]
         return n, f"{said} ({where})"
@@ -196,3 +200,22 @@ def resolve(fields: dict, dump_dp: Any = None, launch: Optional[tuple] = None,
                  "depth) and leave each micro-batch's activations as they are; give "
                  "--set cluster.num_gpus=N for the job's own")
     return world, f"{ASSUMED}: the smallest world size megatron-core accepts", notes
+
+
+def more_replicas(w) -> Optional[str]:
+    """For an assumed world size: what twice as many data-parallel replicas change on the hottest
+    rank under the current setting (static memory and the peak), in one sentence; None when the
+    world is given or the global batch does not split over twice the replicas."""
+    if not w.world_assumed or not w.num_gpus:
+        return None
+    dp = w.data_parallel_size
+    gbs = w.global_batch_size
+    if gbs is not None and gbs % (w.micro_batch_size * 2 * dp):
+        return (f"with {2 * w.num_gpus} GPUs the global batch {gbs} would not split over {2 * dp} "
+                f"data-parallel replicas of micro-batch {w.micro_batch_size}")
+    from mbridge_recompute import memory
+
+    now, twice = memory.estimate(w).hottest, memory.estimate(w.replace(num_gpus=2 * w.num_gpus)).hottest
+    return (f"with {2 * w.num_gpus} GPUs (data-parallel {2 * dp}) the hottest rank would hold static "
+            f"{now.static_bytes / 1e9:.2f} -> {twice.static_bytes / 1e9:.2f} GB and peak "
+            f"{now.peak_bytes / 1e9:.2f} -> {twice.peak_bytes / 1e9:.2f} GB under the current setting")

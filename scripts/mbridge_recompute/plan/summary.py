@@ -68,6 +68,14 @@ def fusions_on(w) -> list:
     return out
 
 
+def _replicas(w) -> list:
+    """What more data-parallel replicas would change, when the world size was assumed."""
+    from mbridge_recompute.inputs.world import more_replicas
+
+    said = more_replicas(w)
+    return [said] if said else []
+
+
 def workload_summary(w, setting: RecomputeSetting) -> dict:
     from mbridge_recompute.memory.shape import attention_core
 
@@ -90,4 +98,4 @@ def workload_summary(w, setting: RecomputeSetting) -> dict:
             "attention_core": attention_core(w), "transformer_impl": w.transformer_impl,
             "fusions": fusions_on(w),
             "defaults_source": getattr(w, "defaults_source", None) or "mcore",
-            "input_notes": list(w.input_notes)}
+            "input_notes": list(w.input_notes) + _replicas(w)}
