@@ -228,14 +228,15 @@ def _situation(report, models, cands, runs_left: int) -> decide.Situation:
 
 def test_with_two_runs_left_the_cheaper_neighbour_that_fits_at_the_point_estimate_runs_too(moonlight_plan):
     """What a band does to a plan (its upper edge over the budget, the point estimate under it) is
-    set by hand: `none`, `layernorm` and `mlp` become tight, `moe_act` stays the cheapest fit,
-    and `mlp` is the next cheaper setting."""
+    set by hand: `none`, `layernorm` and `mlp` become tight, `moe_act` stays the cheapest fit.
+    The neighbour is the next cheaper setting on the frontier: `layernorm`, since `mlp` (cheaper
+    than moe_act, dearer and heavier than layernorm) is dominated."""
     from dataclasses import replace
 
     report, models = moonlight_plan
     tight = ("none", "layernorm", "mlp")
     cands = [replace(c, fits=c.fits and c.name not in tight) for c in report.candidates]
     two = decide.next_round(_situation(report, models, cands, runs_left=2))
-    assert [(c.candidate, c.role) for c in two.runs] == [("moe_act", "candidate"), ("mlp", "neighbour")]
+    assert [(c.candidate, c.role) for c in two.runs] == [("moe_act", "candidate"), ("layernorm", "neighbour")]
     one = decide.next_round(_situation(report, models, cands, runs_left=1))
     assert [c.candidate for c in one.runs] == ["moe_act"]

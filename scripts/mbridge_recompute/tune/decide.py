@@ -22,10 +22,11 @@ PROCEDURE = (
     "3. calibrate per pipeline rank from every run, OOMs included: the offset is the largest "
     "measured-minus-modelled over the runs (an OOM counts as a floor); an OOM in an iteration "
     "that a run the model calls heavier got through is that setting's own, not carried over",
-    "4. re-plan with those offsets; run the cheapest setting not yet run whose predicted peak "
-    "fits the budget on every rank (at the band's upper edge where the plan reports one) and, "
-    "with --free-gb, frees that much against the baseline's measured peak; with two runs left, "
-    "also its cheaper neighbour when that one fits at the point estimate only",
+    "4. re-plan with those offsets; of the settings not yet run on the peak/cost frontier, run "
+    "the cheapest predicted to fit the budget on every rank at its band's upper edge and, with "
+    "--free-gb, to free that much against the baseline's measured peak there too; with two runs "
+    "left, also its cheaper neighbour on the frontier when that one fits at the point estimate "
+    "only (the plan's 'tight')",
     "5. a run passes when compare says pass, it is matched with the baseline, its peak allocated "
     "plus what the model puts on the device beyond it (the residual) fits the budget and, with "
     "--free-gb, it frees that much at the matched point",
@@ -155,31 +156,54 @@ class Situation:
     base_measured: Optional[int] = None   # the baseline's measured peak allocated on target_rank
 
 
-def _saving(s: Situation, c) -> int:
+def _saving(s: Situation, c, upper: bool = False) -> int:
     """What `c` is predicted to free against the baseline on the target rank: the baseline's
     measured peak allocated less `c`'s calibrated one (whose offset is the largest any run
     showed, so a run that saved less than modelled lowers every other prediction too); before the
-    baseline measured anything, the modelled difference."""
+    baseline measured anything, the modelled difference.
+
+    `upper`: the least it may free, at the band's upper edge. A saving is measured at the matched
+    point against the baseline's own measurement, so of the calibrated band only the error of the
+    change from the measured setting applies (memory.band.CALIBRATED_DELTA of it: savings were up
+    to 2x too large on the published sweeps); the terms a calibration keeps (MoE imbalance growing
+    in a long run) move the baseline as much."""
+    from mbridge_recompute.memory.band import CALIBRATED_DELTA
+
+    k = s.target_rank
+    error = 0
+    if upper and c.ref_peaks:
+        error = round(CALIBRATED_DELTA[1] * abs(c.rank_peaks[k] - c.ref_peaks[k]))
     if s.base_measured is not None:
-        return s.base_measured - _allocated(s, c, s.target_rank)
-    return s.base.rank_peak(s.target_rank) - c.rank_peak(s.target_rank)
+        return s.base_measured - _allocated(s, c, k) - error
+    return s.base.rank_peak(k) - c.rank_peak(k) - error
 
 
 def fits(s: Situation, c) -> bool:
-    """Predicted to pass: plan's fit (the band's upper edge) or a `tight` verdict whose point
-    estimate fits -- tune measures every setting it picks, which is the calibration a tight band
-    asks for -- and the saving."""
-    passes = bool(c.fits) or (getattr(c, "verdict", "") == "tight" and point_fits(s, c))
-    return passes and (s.need is None or _saving(s, c) >= s.need)
+    """Predicted to pass at the band's upper edge: the plan's fit (its upper edge within the
+    budget on every rank) and, asked for a saving, that saving at the upper edge too."""
+    return bool(c.fits) and (s.need is None or _saving(s, c, upper=True) >= s.need)
 
 
 def point_fits(s: Situation, c) -> bool:
-    """Predicted to pass at the point estimate (the calibrated peak), whatever the band says."""
+    """Predicted to pass at the point estimate (the calibrated peak), whatever the band says: a
+    `tight` setting, worth a run beside a fitting one (the cheaper neighbour)."""
     return c.allowed and c.peak_bytes <= s.budget and (s.need is None or _saving(s, c) >= s.need)
 
 
 def eligible(s: Situation) -> list:
-    """Candidates the loop may still run, cheapest first (plan's order)."""
+    """Candidates the loop may still run, cheapest first (plan's order), on their frontier: one
+    that another of them beats in peak and cost alike is never the cheapest to pass, nor a
+    neighbour worth a run."""
+    pool = _runnable(s)
+    return [c for c in pool if not any(_dominates(o, c) for o in pool if o is not c)]
+
+
+def _dominates(o, c) -> bool:
+    return (o.peak_bytes <= c.peak_bytes and o.cost_pct <= c.cost_pct
+            and (o.peak_bytes < c.peak_bytes or o.cost_pct < c.cost_pct))
+
+
+def _runnable(s: Situation) -> list:
     out = []
     for c in s.candidates:
         if not c.allowed or not getattr(c, "modelled", True) or c.setting.changes:
@@ -212,17 +236,20 @@ def _predicted(s: Situation, c) -> dict:
     ranks = range(len(c.rank_peaks))
     return {"rank_peak_bytes": [int(c.rank_peak(r)) for r in ranks], "peak_bytes": int(c.peak_bytes),
             "rank_allocated_bytes": [_allocated(s, c, r) for r in ranks],
-            "hottest_pp_rank": c.hottest_pp_rank, "cost_pct": round(c.cost_pct, 3), "fits": bool(c.fits),
-            "point_fits": point_fits(s, c),
-            "frees_bytes": int(_saving(s, c)) if s.need is not None else None}
+            "hottest_pp_rank": c.hottest_pp_rank, "cost_pct": round(c.cost_pct, 3), "fits": fits(s, c),
+            "point_fits": point_fits(s, c), "verdict": getattr(c, "verdict", None),
+            "upper_bytes": int(c.upper_bytes),
+            "frees_bytes": int(_saving(s, c)) if s.need is not None else None,
+            "frees_at_upper_bytes": int(_saving(s, c, upper=True)) if s.need is not None else None}
 
 
 def _describe(s: Situation, c) -> str:
     hot = c.hottest_pp_rank
     text = (f"predicted {_gb(_allocated(s, c, hot))} GB allocated on pp_rank {hot} ({_gb(c.peak_bytes)} GB "
-            f"on the device, against the {_gb(s.budget)} GB budget), cost {c.cost_pct:.2f} %")
+            f"on the device, band to {_gb(c.upper_bytes)} GB: {c.verdict} against the {_gb(s.budget)} GB "
+            f"budget), cost {c.cost_pct:.2f} %")
     if s.need is not None:
-        text += f", frees {_gb(_saving(s, c))} GB"
+        text += f", frees {_gb(_saving(s, c))} GB ({_gb(_saving(s, c, upper=True))} at the band's edge)"
     return text
 
 
@@ -254,7 +281,7 @@ def next_round(s: Situation) -> Decision:
                         + (f": {diag}" if diag else ""))
     choice = hopeful[0]
     runs = [Choice(choice.name, "candidate", "the cheapest setting not yet run that is predicted to "
-                   f"pass: {_describe(s, choice)}", _predicted(s, choice))]
+                   f"pass at its band's upper edge: {_describe(s, choice)}", _predicted(s, choice))]
     i = pool.index(choice)
     if s.runs_left >= 2 and i > 0:
         nb = pool[i - 1]

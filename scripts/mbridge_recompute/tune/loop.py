@@ -30,9 +30,10 @@ from mbridge_recompute.units import GB
 # stops a later command may go on from: an interrupted tune, or a run budget a larger
 # --max-runs extends
 RESUMABLE = ("interrupted",)
-# stops after which no run is an answer: the runs are not comparable evidence (unmatched), or the
-# model and the measurements disagree beyond any offset (the workload is not the job that ran)
-NO_ANSWER = ("unmatched", "calibration-refused")
+# stops after which no run is an answer: the runs are not comparable evidence (unmatched), the
+# model and the measurements disagree beyond any offset (the workload is not the job that ran),
+# or the tune did not get to decide (interrupted, a run the checkout's parser refused)
+NO_ANSWER = ("unmatched", "calibration-refused", "interrupted", "refused")
 
 
 @dataclass
