@@ -34,7 +34,7 @@ import yaml  # noqa: E402
 
 from mbridge_recompute import memory  # noqa: E402
 from mbridge_recompute.inputs.loading import load_workload  # noqa: E402
-from mbridge_recompute.memory import band, coverage  # noqa: E402
+from mbridge_recompute.memory import band  # noqa: E402
 from mbridge_recompute.memory.shape import padded_vocab  # noqa: E402
 
 INDEX = ROOT / "benchmarks" / "data" / "measured" / "index.yaml"
@@ -101,7 +101,7 @@ def row(case: dict) -> dict:
     w = workload_of(case)
     est = memory.estimate(w)
     rank = est.ranks[case.get("pp_rank", -1)]
-    bd = band.band(w, est, rank, len(coverage.unmodelled(w)))
+    bd = band.band(w, est, rank, release_key=case.get("release", "0.19"))
     lo, up = bd.allocated
     peaks = {int(k): v for k, v in case["peak_after_iteration"].items()}
     later = [i for i in peaks if i >= 2]

@@ -224,7 +224,7 @@ def render_text(r) -> str:
             out += ["", "Hydra overrides:"] + shell_lines(snip["overrides"], "  ", "  ")
         out += [""] + wrap("matched sweep candidates: " + " ".join(r.harness_candidates))
         out += wrap(CAVEAT, "  ", "  ")
-    if r.diagnosis:
+    if r.diagnosis and r.verdict != "tight":       # a tight verdict's advice is under the recommendation
         out += [""] + wrap("nothing fits: " + r.diagnosis)
     if r.workload_findings:
         out += ["", "errors under every setting (fix the workload first):"]

@@ -20,7 +20,7 @@ TOP_LEVEL = {
     "schema_version": "int", "name": "str", "title": "str", "releases": "map", "bridge_pins": "list",
     "bridge_releases": "map", "bridge_tests": "map", "abbreviations": "map", "enums": "map",
     "gpus": "map", "precision_recipes": "map", "labels": "list", "constraints": "list",
-    "evidence": "list", "limitations": "list",
+    "evidence": "list", "limitations": "list", "memory_bugs": "list",
 }
 EXCEPTIONS = {"ValueError", "AssertionError", "TypeError", "NotImplementedError", "KeyError",
               "IndexError", "NameError", "RuntimeError", "ImportError"}
@@ -311,10 +311,23 @@ def validate(card: Any) -> list[str]:
         c.field(e, "id", "str", p)
         c.field(e, "text", "str", p)
 
+    def memory_bug(e: dict, p: str) -> None:
+        for key in ("id", "condition", "size", "issue", "fix"):
+            c.field(e, key, "str", p)
+        if c.field(e, "releases", "str", p):
+            release_range(e["releases"], f"{p}.releases")
+        if c.field(e, "at", "map", p):
+            for v, where in e["at"].items():
+                if v not in order:
+                    c.bad(f"{p}.at.{v}", f"{v!r} is not one of the card's releases")
+                location(where, f"{p}.at.{v}")
+        c.field(e, "note", "str", p, required=False)
+
     c.entries(card, "labels", label)
     c.entries(card, "constraints", constraint)
     c.entries(card, "evidence", evidence)
     c.entries(card, "limitations", limitation)
+    c.entries(card, "memory_bugs", memory_bug)
     return c.problems
 
 

@@ -37,8 +37,8 @@ LEGACY_MODEL_KEYS = frozenset({"hybrid_override_pattern", "mtp_enabled", "mamba_
 # hybrid_layer_pattern -> hybrid_override_pattern).
 READ_BY_MODEL = values.EXTRA_SIZES | values.EXTRA_FLAGS | {
     "cross_entropy_fusion_impl", "first_k_dense_replace", "hybrid_layer_pattern",
-    # read (and checked) by memory/graphs.py and memory/dispatcher.py
-    "cuda_graph_warmup_steps", "moe_flex_dispatcher_backend"}
+    # read (and checked) by memory/graphs.py, memory/dispatcher.py and memory/bugs.py
+    "cuda_graph_warmup_steps", "moe_flex_dispatcher_backend", "moe_permute_fusion"}
 
 
 @lru_cache(maxsize=1)

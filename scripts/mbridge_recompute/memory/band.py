@@ -54,9 +54,6 @@ OFFLOAD_LOWER = 0.25      # of activations + transient
 OFFLOAD_UPPER = 0.10
 # CUDA graphs: pool fragmentation in the device peak (not measured: a stated guess).
 GRAPH_POOL_SLACK = 0.10   # of the graphed activations
-# Each not-modelled setting whose value matters: a stated guess, not from the table.
-UNMODELLED_EACH = 0.02
-UNMODELLED_CAP = 0.10
 
 
 class Term(NamedTuple):
@@ -79,9 +76,10 @@ def _force_balanced(w) -> bool:
     return bool(extra.get("moe_router_force_load_balancing"))
 
 
-def terms(w, est, rank, unmodelled: int = 0) -> list:
-    """The band terms of one rank of an estimate of `w` (`unmodelled`: how many settings of
-    the workload the model does not read)."""
+def terms(w, est, rank, release_key=None) -> list:
+    """The band terms of one rank of an estimate of `w` (`release_key`: the release whose known
+    memory bugs apply, card `memory_bugs:`). Settings the model does not read are not sized
+    here: the plan names each one as not modelled."""
     from mbridge_recompute.memory.shape import shape_of
     from mbridge_recompute.memory.types import DEFAULT_KNOBS
 
@@ -133,18 +131,18 @@ def terms(w, est, rank, unmodelled: int = 0) -> list:
         out.append(Term("world size assumed", round(0.5 * rank.static.get("optimizer", 0)), 0,
                         False, False, "no GPU count: more data-parallel replicas would shard "
                         "the optimizer state further"))
-    if unmodelled:
-        share = min(UNMODELLED_CAP, UNMODELLED_EACH * unmodelled)
-        out.append(Term("not-modelled settings", round(share * alloc), round(share * alloc), False,
-                        True, f"{unmodelled} setting(s) the model does not read: "
-                        f"{UNMODELLED_EACH:.0%} each, at most {UNMODELLED_CAP:.0%} (a stated guess)"))
+    if release_key is not None:
+        from mbridge_recompute.memory.bugs import hits
+
+        for hit in hits(w, sh, rank, release_key):
+            out.append(Term(f"known bug {hit.id}", 0, round(hit.nbytes), False, False, hit.sentence))
     return out
 
 
-def band(w, est, rank, unmodelled: int = 0, calibrated: bool = False) -> Band:
+def band(w, est, rank, calibrated: bool = False, release_key=None) -> Band:
     """The rank's band. Allocated-side terms add up on each side; calibration keeps only the
     `kept` terms and a narrower model term."""
-    ts = terms(w, est, rank, unmodelled)
+    ts = terms(w, est, rank, release_key)
     if calibrated:
         kept = []
         for t in ts:

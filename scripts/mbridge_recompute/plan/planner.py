@@ -96,8 +96,9 @@ def plan(w, version=None, **options) -> PlanReport:
         calibrate_first=sentences.calibrate_first(current, (cheaper or rec).upper_bytes, asked.budget,
                                                   cheaper, cheaper or rec, calibration is not None)
         if tight or cheaper is not None else None, cheaper_tight=cheaper,
-        diagnosis=None if fits or tight else (sentences.no_free(free) if free else
-                                              sentences.no_fit(estimate, rec, asked.budget)),
+        diagnosis=None if fits else sentences.calibrate_first(
+            current, rec.upper_bytes, asked.budget, None, rec, calibration is not None) if tight
+        else (sentences.no_free(free) if free else sentences.no_fit(estimate, rec, asked.budget)),
         calibration=calibration, free=free, per_rank=q.per_rank, alternatives=q.alternatives,
         recompute_recommendation=recompute_rec, side_by_side=side_by_side,
         workload_findings=errors(pricer.baseline["findings"]), assumptions=[], top=q.top,
@@ -168,7 +169,7 @@ def _explain(report: PlanReport, pricer, found, asked, q) -> None:
     w = pricer.w
     chunks = place(w, pricer.version)
     unmodelled = coverage.unmodelled(w)      # once: the warnings and the assumptions both name them
-    report.warnings = coverage.findings(w, unmodelled)
+    report.warnings = coverage.findings(w, unmodelled) + _bug_warnings(report)
     out = list(report.estimate.assumptions) + [u.sentence() for u in unmodelled]
     out += [asked.budget_text, sentences.PEAK_AND_COST,
             sentences.searched(len(report.candidates), found.combinable, chunks.distinct_chunk_sizes,
@@ -182,6 +183,21 @@ def _explain(report: PlanReport, pricer, found, asked, q) -> None:
         out.append(sentences.baseline_errors(pricer.baseline_errors))
     out.append(calib.sentence(report.calibration) if report.calibration else calib.UNCALIBRATED)
     report.assumptions = out
+
+
+def _bug_warnings(report) -> list:
+    """One warning per known memory bug of the release the current setting meets (card
+    `memory_bugs:`), on the rank where it keeps the most."""
+    best: dict = {}
+    for b in report.bands or []:
+        for t in b.terms:
+            if t.name.startswith("known bug ") and t.upper > best.get(t.name, (0, ""))[0]:
+                best[t.name] = (t.upper, t.why)
+    return [{"id": "known-memory-bug", "severity": "warning", "kind": "model-coverage",
+             "message": why, "field": name[len("known bug "):], "value": "",
+             "fix": "widened in the error band; a run of this setting measures it",
+             "source": "card", "citation": "", "upstream_message": ""}
+            for name, (_, why) in best.items()]
 
 
 def _refused(w, release, asked, q) -> PlanReport:

@@ -25,10 +25,6 @@ class Pricer:
         self._check = lambda with_setting: check_workload(with_setting, validator="builtin", version=version)
         self.baseline = self._check(RecomputeSetting.selective().apply(w))
         self.baseline_errors = frozenset(f["id"] for f in errors(self.baseline["findings"]))
-        from mbridge_recompute.memory import coverage
-
-        # settings of this workload the model does not read widen every candidate's band
-        self.unmodelled = len(coverage.unmodelled(w))
 
     def findings(self, setting: RecomputeSetting) -> list:
         """The findings `setting` adds over the [] control."""
@@ -72,7 +68,13 @@ class Pricer:
         """One rank's error band (memory/band.py) for an estimate of this workload."""
         from mbridge_recompute.memory import band
 
-        return band.band(w, est, rank, self.unmodelled, calibrated)
+        return band.band(w, est, rank, calibrated, self.release_key)
+
+    @property
+    def release_key(self) -> str:
+        from mbridge_recompute.facts import releases
+
+        return releases.resolve_version(self.version)
 
 
 def _offload_skip(f: dict) -> bool:
