@@ -441,3 +441,41 @@ def test_hostile_3_a_megatron_bridge_planted_in_the_current_directory_is_not_imp
                           "megatron.bridge.recipes.evil:x_config"], tmp_path, cwd=tmp_path)
     assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr[-2000:]
     assert not marker.exists()
+
+
+# what every dump used to be warned about at values that do nothing on any of them (the
+# distributed optimizer making optimizer.bf16 moot, no local CUDA graphs, bf16 weights, an
+# allocator setting); comm_overlap.defer_embedding_wgrad_compute=null was the eighth, and null
+# is never a warning
+INERT_ON_EVERY_DUMP = {"env_vars.PYTORCH_CUDA_ALLOC_CONF", "cuda_graph_use_single_mempool",
+                       "params_dtype", "optimizer.bf16", "optimizer.fp16", "optimizer.fp8_recipe",
+                       "optimizer.use_distributed_optimizer"}
+
+
+def test_no_dump_is_warned_about_a_setting_at_a_value_that_does_nothing(dumps):
+    """Each dump got 8-19 not-modelled warnings, seven of them on every dump for values that do
+    nothing; the ones that remain can move the peak, largest possible effect first."""
+    counts = {}
+    for stem, path in dumps.items():
+        code, out, err = _tool("plan", path, "--mcore-version", VERSION, "--json")
+        warnings = json.loads(out)["warnings"]
+        assert not {f["field"] for f in warnings} & INERT_ON_EVERY_DUMP, stem
+        assert all(f["value"] != "null" for f in warnings), stem
+        sized = [f["effect_bytes"] for f in warnings if f.get("effect_bytes") is not None]
+        assert all(b > 0 for b in sized) and sized == sorted(sized, reverse=True), stem
+        assert [f.get("effect_bytes") is None for f in warnings] == sorted(
+            f.get("effect_bytes") is None for f in warnings), stem      # the unsized ones last
+        counts[stem] = len(warnings)
+    assert max(counts.values()) <= 8 and min(counts.values()) == 0, counts
+
+
+def test_lora_leads_the_warnings_of_the_peft_dump(dumps):
+    """LoRA freezes the base model (no gradients, no optimizer state): the largest possible
+    effect of anything the model does not read, so it comes first instead of drowning."""
+    code, out, err = _tool("plan", dumps["olmoe_7b_peft_1gpu_h100_bf16_config"], "--mcore-version",
+                           VERSION, "--json")
+    report = json.loads(out)
+    first = report["warnings"][0]
+    assert first["field"] == "peft" and first["value"] == "megatron.bridge.peft.lora.LoRA"
+    rank = report["ranks"][0]["static"]
+    assert first["effect_bytes"] == int(rank["optimizer"] + rank["grads"])

@@ -216,7 +216,8 @@ def _installed_copy(dest):
 
 def test_plan_reads_only_package_data_so_an_installed_package_plans_the_same(tmp_path):
     """plan read the card's study workloads from examples/ at run time, so a wheel install
-    dropped the labels' 'measured cost far above the model' evidence."""
+    dropped the labels' 'measured cost far above the model' evidence (Moonlight 16B: its own
+    study's class, so its evidence is quoted)."""
     site = _installed_copy(tmp_path / "site")
     run = tmp_path / "elsewhere"
     run.mkdir()

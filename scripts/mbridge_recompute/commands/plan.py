@@ -171,8 +171,7 @@ def render_text(r) -> str:
         head += lines(r.calibration)
     out = [line for text in head for line in wrap(text, "", HANG)]
     if r.warnings:
-        out.append("settings the memory model does not read (the plan does not account for them):")
-        out += [line for f in r.warnings for line in wrap(f["message"], "  ", "      ")]
+        out += _warnings_table(r)
     out.append("")
     if r.estimate is not None:
         out += _rank_table(r) + [""] + _label_table(r) + [""] + _frontier_table(r) + [""]
@@ -283,6 +282,23 @@ def _band_sentence(r) -> str:
             f" GB, device -{gb(b.device[0])}/+{gb(b.device[1])} GB"
             + (" (calibrated: only what changes between settings is left)" if r.calibration else "")
             + f"; terms: {terms}")
+
+
+def _warnings_table(r) -> list:
+    """The settings the model does not read, largest possible effect first: the bound each is
+    sized to (memory/bounds.py), the setting, what it changes."""
+    from mbridge_recompute.output import wrap
+
+    def bound(f) -> str:
+        nbytes = f.get("effect_bytes")
+        return "not sized" if nbytes is None else gb(nbytes)
+
+    spec = [("up to GB", "r", bound), ("setting", "l", lambda f: f"{f['field']}={f['value']}"
+                                       if f.get("value") not in (None, "") else f["field"]),
+            ("what it changes", "l", lambda f: f.get("changes") or f["message"])]
+    return wrap("settings the memory model does not read, which the plan does not account for, "
+                "largest possible effect first (up to = a bound sized on this workload, "
+                "data/coverage.yaml, not a prediction):") + [_columns(spec, r.warnings)]
 
 
 def _rank_table(r) -> list:
