@@ -298,7 +298,7 @@ def test_the_first_lines_say_where_precision_and_parallelism_came_from(tmp_path)
     unless --set says otherwise, and the first lines say so."""
     cfg = _hf_config(tmp_path)
     _, text = _invoke("plan", "--hf-config", cfg)
-    head = _words("\n".join(text.splitlines()[:6]))
+    head = _words(text[text.index("workload:"):].split("\nGPU:")[0])
     assert "precision: fp32 (neither bf16 nor fp16 set); no input sets it: megatron-core's default" in head
     assert "--set model.bf16=true" in head
     assert "on 1 GPU (one data-parallel replica); no input sets them: defaults" in head
@@ -308,7 +308,7 @@ def test_the_first_lines_say_where_precision_and_parallelism_came_from(tmp_path)
     wl = json.loads(_invoke(*args, "--json")[1])["workload"]
     assert wl["precision_from"] == "from --set"
     assert wl["parallelism_from"] == "TP, GPUs from --set; PP, VPP, CP, EP: defaults"
-    head = _words("\n".join(text.splitlines()[:6]))
+    head = _words(text[text.index("workload:"):].split("\nGPU:")[0])
     assert f"precision: bf16; {wl['precision_from']}" in head
     assert f"on 8 GPUs; {wl['parallelism_from']}" in head
 

@@ -82,22 +82,25 @@ def test_a_condition_on_another_sections_key_is_read_from_the_loaders_notes(tmp_
 
 
 def test_warnings_come_largest_possible_effect_first_and_unsized_last(tmp_path):
-    lora = {"_target_": "megatron.bridge.peft.lora.LoRA"}
-    w = load_workload(_dump(tmp_path, model={"tensor_model_parallel_size": 2, "cuda_graph_impl": "local",
-                                             "transformer_layer_spec": {"_target_": "my.own_spec"}},
-                            comm_overlap={"tp_comm_overlap": True}, peft=lora))
+    fsdp = {"use_megatron_fsdp": True}
+    model = {"tensor_model_parallel_size": 2, "fp32_residual_connection": True,
+             "transformer_layer_spec": {"_target_": "my.own_spec"}}
+    w = load_workload(_dump(tmp_path, model=model, comm_overlap={"tp_comm_overlap": True}, ddp=fsdp))
     named = coverage.unmodelled(w)
     sized = [u.effect_bytes for u in named if u.effect_bytes is not None]
     assert sized == sorted(sized, reverse=True) and len(sized) >= 3
     assert named[-1].key == "transformer_layer_spec" and named[-1].effect_bytes is None
-    path = _dump(tmp_path, model={"tensor_model_parallel_size": 2, "cuda_graph_impl": "local"}, peft=lora)
+    path = _dump(tmp_path, model={"tensor_model_parallel_size": 2, "fp32_residual_connection": True},
+                 ddp=fsdp)
     report = json.loads(run_script("plan", path, "--json").stdout)
     effects = [f["effect_bytes"] for f in report["warnings"]]
     assert effects == sorted(effects, reverse=True)
-    lora = next(f for f in report["warnings"] if f["field"] == "peft")
-    rank = max(report["ranks"], key=lambda r: r["static"]["optimizer"] + r["static"]["grads"])
-    assert lora["effect_bytes"] == int(rank["static"]["optimizer"] + rank["static"]["grads"])
-    assert lora["value"] == "megatron.bridge.peft.lora.LoRA" and lora["effect_bound"] == "optimizer + grads"
+    first = report["warnings"][0]             # FSDP shards weights, grads and optimizer state
+    assert first["field"] == "ddp.use_megatron_fsdp"
+    assert first["effect_bound"] == "optimizer + grads + weights"
+    sharded = ("optimizer", "grads", "weights")
+    rank = max(report["ranks"], key=lambda r: sum(r["static"][k] for k in sharded))
+    assert first["effect_bytes"] == int(sum(rank["static"][k] for k in sharded))
 
 
 def test_soft_capping_is_named_with_what_it_keeps(tmp_path):
@@ -123,8 +126,9 @@ def test_an_allocator_setting_moves_no_allocated_peak_and_is_no_warning(tmp_path
 
 
 def test_the_plan_text_shows_each_warnings_bound_as_its_json_figure(tmp_path):
-    path = _dump(tmp_path, model={"tensor_model_parallel_size": 2, "cuda_graph_impl": "local"},
-                 peft={"_target_": "megatron.bridge.peft.lora.LoRA"})
+    path = _dump(tmp_path, model={"tensor_model_parallel_size": 2, "fp32_residual_connection": True,
+                                  "transformer_layer_spec": {"_target_": "my.own_spec"}},
+                 ddp={"use_megatron_fsdp": True})
     text = run_script("plan", path).stdout
     report = json.loads(run_script("plan", path, "--json").stdout)
     from test_text_figures import _table, tables
