@@ -301,7 +301,8 @@ def test_the_first_lines_say_where_precision_and_parallelism_came_from(tmp_path)
     head = _words(text[text.index("workload:"):].split("\nGPU:")[0])
     assert "precision: fp32 (neither bf16 nor fp16 set); no input sets it: megatron-core's default" in head
     assert "--set model.bf16=true" in head
-    assert "on 1 GPU (one data-parallel replica); no input sets them: defaults" in head
+    assert "on 1 GPU (assumed: see the first line); no input sets them: defaults" in head
+    assert "GPUs assumed: the smallest world size megatron-core accepts" in head
     args = ("plan", "--hf-config", cfg, "--set", "model.bf16=true", "--set",
             "model.tensor_model_parallel_size=2", "--set", "cluster.num_gpus=8")
     _, text = _invoke(*args)

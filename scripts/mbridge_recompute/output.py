@@ -123,12 +123,13 @@ def _pack(text: str, cols: int, first: str, hang: str, breaks: str | tuple = "@"
 
 
 def shell_lines(argv: Iterable[str], indent: str = "", hang: Optional[str] = None,
-                head: str = "") -> list[str]:
+                head: Sequence[str] | str = ()) -> list[str]:
     """A command a person pastes, shell-quoted, continued with ` \\` at the current width; `head`
-    (e.g. `cd DIR && ENV=1`) is written before the first token, unquoted."""
-    tokens = [shell_token(t) for t in argv]
-    if head:
-        tokens = [head] + tokens
+    (`cd`, a quoted DIR, `&&`, `ENV=1`, as words or as one already-quoted string) goes before the
+    first token as it is."""
+    # one string: its shell words, a single-quoted part kept whole
+    words = re.findall(r"(?:[^\s']+|'[^']*')+", head) if isinstance(head, str) else list(head)
+    tokens = [w for w in words if w] + [shell_token(t) for t in argv]
     cols = text_width()
     line = indent + " ".join(tokens)
     if cols is None or len(line) <= cols:

@@ -222,7 +222,7 @@ def _text(report: dict) -> str:
     else:
         for r in report["runs"]:
             # the one-line form is the JSON's `display`; the text continues it with backslashes
-            head = " ".join(([f"cd {shell_token(r['cwd'])} &&"] if r.get("cwd") else [])
-                            + [f"{k}={shell_token(v)}" for k, v in (r.get("env") or {}).items()])
+            head = (["cd", shell_token(r["cwd"]), "&&"] if r.get("cwd") else []) \
+                + [f"{k}={shell_token(v)}" for k, v in (r.get("env") or {}).items()]
             lines += ["", f"# {r['name']}: {r['candidate']}"] + shell_lines(r["argv"], "", "  ", head=head)
     return "\n".join(lines)

@@ -46,11 +46,13 @@ def parallelism_from(w) -> str:
     for label, name in PARALLELISM_FIELDS.items():
         by.setdefault(origins.get(name), []).append(label)
     rest = by.pop(None, [])
+    # a world size no input gives is the loader's assumption (inputs/world.py), not an input
+    assumed = [f"{', '.join(by.pop(src))} {src}" for src in [s for s in by if s.startswith("assumed")]]
     if not by:
-        return ("no input sets them: defaults (--set model.tensor_model_parallel_size=N, "
-                "cluster.num_gpus=N, ...)")
-    parts = [src if len(by) == 1 and not rest else f"{', '.join(labels)} from {src}"
-             for src, labels in by.items()]
+        return "; ".join(["no input sets them: defaults (--set model.tensor_model_parallel_size=N, "
+                          "cluster.num_gpus=N, ...)"] + assumed)
+    parts = [src if len(by) == 1 and not rest and not assumed else f"{', '.join(labels)} from {src}"
+             for src, labels in by.items()] + assumed
     if len(parts) == 1 and not rest:
         return "from " + parts[0]
     return "; ".join(parts + ([f"{', '.join(rest)}: defaults"] if rest else []))
