@@ -30,15 +30,18 @@ def test_moonlight_moe_act_is_the_cheapest_boundary_that_saves_half_a_gb():
     budget = (_control_peak(w) - 0.5 * GB) / GB
     r = planner.plan(w, budget_gb=budget).to_dict()
     # the cheapest setting whose predicted peak fits is moe_act; uncalibrated its band crosses
-    # the budget, so the plan recommends what fits at the band's top and names moe_act as the
-    # cheaper setting a calibration run can confirm
+    # the budget (routing imbalance, MoE static residue), so either the plan recommends what fits
+    # at the band's top and names moe_act as the cheaper setting a calibration run can confirm,
+    # or nothing fits at the top and moe_act itself is recommended as tight; both say
+    # "calibrate first"
     cheapest = min((c for c in r["candidates"] if c["allowed"] and c["point_fits"]),
                    key=lambda c: c["cost_pct"])
     assert (cheapest["recompute_granularity"], cheapest["recompute_modules"]) == ("selective", ["moe_act"])
     rec = r["recommendation"]
-    assert rec["fits"]
+    assert rec["fits"] or (rec["verdict"] == "tight" and rec["point_fits"])
     shown = r["cheaper_if_calibrated"] or rec
     assert shown["name"] == "moe_act" and r["calibrate_first"]
+    assert "calibrate first" in r["calibrate_first"] and "-ms 2" in r["calibrate_first"]
 
 
 def test_moonlight_core_attn_is_not_worth_searching_under_fused_attention():

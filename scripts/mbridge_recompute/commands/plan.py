@@ -223,6 +223,8 @@ def render_text(r) -> str:
             out += ["", "Hydra overrides:"] + shell_lines(snip["overrides"], "  ", "  ")
         out += [""] + wrap("matched sweep candidates: " + " ".join(r.harness_candidates))
         out += wrap(CAVEAT, "  ", "  ")
+    for note in r.evidence_notes:
+        out += [""] + wrap(note)
     if r.diagnosis and r.verdict != "tight":       # a tight verdict's advice is under the recommendation
         out += [""] + wrap("nothing fits: " + r.diagnosis)
     if r.workload_findings:

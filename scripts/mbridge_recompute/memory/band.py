@@ -76,13 +76,29 @@ def _force_balanced(w) -> bool:
     return bool(extra.get("moe_router_force_load_balancing"))
 
 
-def terms(w, est, rank, release_key=None) -> list:
-    """The band terms of one rank of an estimate of `w` (`release_key`: the release whose known
-    memory bugs apply, card `memory_bugs:`). Settings the model does not read are not sized
-    here: the plan names each one as not modelled."""
+class Context(NamedTuple):
+    """What the terms read of a workload, worked out once for all its ranks."""
+    sh: object
+    graphs: object
+    force_balanced: bool
+    world_given: bool
+    bugs_on: bool
+
+
+def context(w) -> Context:
     from mbridge_recompute.memory.shape import shape_of
     from mbridge_recompute.memory.types import DEFAULT_KNOBS
 
+    return Context(shape_of(w, DEFAULT_KNOBS), graphs_of(w), _force_balanced(w), w.num_gpus is not None,
+                   bool(w.is_moe))
+
+
+def terms(w, est, rank, release_key=None, ctx=None) -> list:
+    """The band terms of one rank of an estimate of `w` (`release_key`: the release whose known
+    memory bugs apply, card `memory_bugs:`). Settings the model does not read are not sized
+    here: the plan names each one as not modelled."""
+    ctx = ctx or context(w)
+    sh = ctx.sh
     alloc = rank.allocated_peak_bytes
     out = [Term("model", round(MODEL_OVER * alloc), round(MODEL_UNDER * alloc), False, False,
                 f"the model on the accuracy table's plain cases: -{MODEL_OVER:.0%} .. "
@@ -91,8 +107,7 @@ def terms(w, est, rank, release_key=None) -> list:
                     "cuBLAS / Transformer Engine workspaces and small persistent buffers "
                     "(0.08-0.27 GB in the functional tests)"))
     moe = rank.activations.get("moe", 0)
-    sh = shape_of(w, DEFAULT_KNOBS)
-    if w.is_moe and moe > 0 and w.moe_expert_capacity_factor is None and not _force_balanced(w):
+    if w.is_moe and moe > 0 and w.moe_expert_capacity_factor is None and not ctx.force_balanced:
         out.append(Term("routing imbalance", 0, round(IMBALANCE * moe), False, True,
                         "dropless routing without moe_router_force_load_balancing: the hottest "
                         "EP rank can get about twice the balanced tokens early in training "
@@ -115,7 +130,7 @@ def terms(w, est, rank, release_key=None) -> list:
                         round(OFFLOAD_UPPER * act), False, True,
                         "fine-grained offloading: iteration 1 (the offload manager's warm-up) "
                         "offloads every group; copy timing decides what is still on the GPU"))
-    g = graphs_of(w)
+    g = ctx.graphs
     if g is not None:
         io = rank.static.get("cuda_graph_buffers", 0)
         out.append(Term("CUDA-graph buffers", 0, round(io), False, False,
@@ -127,11 +142,11 @@ def terms(w, est, rank, release_key=None) -> list:
         out.append(Term("flex dispatcher buffers", 0, round(flex), True, False,
                         "DeepEP / HybridEP buffer sizes follow their defaults and the NVLink "
                         "domain (x2)"))
-    if w.num_gpus is None:
+    if not ctx.world_given:
         out.append(Term("world size assumed", round(0.5 * rank.static.get("optimizer", 0)), 0,
                         False, False, "no GPU count: more data-parallel replicas would shard "
                         "the optimizer state further"))
-    if release_key is not None:
+    if release_key is not None and (ctx.bugs_on or w.recompute_granularity):
         from mbridge_recompute.memory.bugs import hits
 
         for hit in hits(w, sh, rank, release_key):
@@ -139,10 +154,19 @@ def terms(w, est, rank, release_key=None) -> list:
     return out
 
 
-def band(w, est, rank, calibrated: bool = False, release_key=None) -> Band:
+def band(w, est, rank, calibrated: bool = False, release_key=None, ctx=None) -> Band:
     """The rank's band. Allocated-side terms add up on each side; calibration keeps only the
     `kept` terms and a narrower model term."""
-    ts = terms(w, est, rank, release_key)
+    return _sum(terms(w, est, rank, release_key, ctx), calibrated)
+
+
+def bands(w, est, rank, release_key=None, ctx=None) -> tuple:
+    """(uncalibrated, calibrated) bands of one rank, from one set of terms."""
+    ts = terms(w, est, rank, release_key, ctx)
+    return _sum(ts, False), _sum(ts, True)
+
+
+def _sum(ts: list, calibrated: bool) -> Band:
     if calibrated:
         kept = []
         for t in ts:

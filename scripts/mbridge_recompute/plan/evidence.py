@@ -128,3 +128,58 @@ def far_above(label: str, arch: Architecture) -> list:
     model."""
     return [c for c in checks() if c.far_above and c.architecture == arch
             and (c.label == label or (c.label is None and c.setting == (label,)))]
+
+
+# the fields that make two workloads the same run for the memory evidence (recompute aside)
+SAME_RUN = ("num_layers", "hidden_size", "ffn", "num_attention_heads", "heads_kv", "seq_length",
+            "vocab_size", "tensor_model_parallel_size", "pipeline_model_parallel_size", "vpp",
+            "context_parallel_size", "expert_model_parallel_size", "micro_batch_size",
+            "global_batch_size", "num_gpus", "fp8", "fp8_recipe", "bf16", "num_moe_experts")
+
+
+def _same_run(a, b) -> bool:
+    return all(getattr(a, f, None) == getattr(b, f, None) for f in SAME_RUN)
+
+
+def memory_notes(w) -> list:
+    """Published peaks of this very workload (a card study whose workload it is), each beside the
+    model's figure at the same point (rank, iteration) and the card's note on why they differ."""
+    from mbridge_recompute import memory
+    from mbridge_recompute.facts import card
+    from mbridge_recompute.inputs.loading import load_workload
+    from mbridge_recompute.setting import RecomputeSetting
+
+    out = []
+    for ev in card.load().get("evidence", []):
+        if not ev.get("workload") or "memory_rank" not in ev:
+            continue
+        study = load_workload(str(study_workload(ev["workload"])))
+        if not _same_run(w, study):
+            continue
+        rank = ev["memory_rank"]
+        rows = []
+        for row in ev["rows"]:
+            peak = row.get("peak_allocated_gb", row.get("peak_memory_gb"))
+            it = row.get("peak_after_iteration")
+            if not isinstance(peak, (int, float)) or it is None:
+                continue
+            r = memory.estimate(RecomputeSetting.selective(*row["modules"]).apply(w)).ranks[rank]
+            model = r.first_iteration_allocated_bytes if it == 1 else r.allocated_peak_bytes
+            rows.append(f"[{', '.join(row['modules'])}] {peak:g} GB measured, {model / 1e9:.2f} GB "
+                        f"modelled after iteration {it} ({r.allocated_moments and _moment(r, it)}), "
+                        f"{r.allocated_peak_bytes / 1e9:.2f} GB in the steady state")
+        if rows:
+            out.append(f"published on this workload ({ev['title']}; {ev['source']}), allocated "
+                       f"peaks of pp_rank {rank}: " + "; ".join(rows) + ". " + ev.get("memory_note", ""))
+    return out
+
+
+def _moment(rank, iteration: int) -> str:
+    """The moment that sets a rank's allocated peak at `iteration` (1: iteration 1)."""
+    from mbridge_recompute.memory import moments
+
+    if iteration != 1:
+        return rank.allocated_moment
+    first = {k: v for k, v in rank.allocated_moments.items()
+             if k in (moments.IT1, moments.STEP, moments.CAPTURE)}
+    return max(first, key=first.get) if first else rank.allocated_moment

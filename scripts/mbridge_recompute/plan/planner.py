@@ -104,6 +104,9 @@ def plan(w, version=None, **options) -> PlanReport:
         workload_findings=errors(pricer.baseline["findings"]), assumptions=[], top=q.top,
         release=release)
     _explain(report, pricer, found, asked, q)
+    from mbridge_recompute.plan.evidence import memory_notes
+
+    report.evidence_notes = memory_notes(w)
     return invariants.checked(report)
 
 

@@ -25,6 +25,7 @@ class Pricer:
         self._check = lambda with_setting: check_workload(with_setting, validator="builtin", version=version)
         self.baseline = self._check(RecomputeSetting.selective().apply(w))
         self.baseline_errors = frozenset(f["id"] for f in errors(self.baseline["findings"]))
+        self._release_key = None
 
     def findings(self, setting: RecomputeSetting) -> list:
         """The findings `setting` adds over the [] control."""
@@ -52,6 +53,10 @@ class Pricer:
         est = memory.estimate(with_setting, disabled=off)
         step = memory.step_cost(with_setting, disabled=off)
         terms = memory.shares(step, self.reference_step)
+        from mbridge_recompute.memory import band
+
+        ctx = band.context(with_setting)
+        both = [band.bands(with_setting, est, r, self.release_key, ctx) for r in est.ranks]
         return Candidate(setting=setting, rank_peaks=tuple(int(r.peak_bytes) for r in est.ranks),
                          rank_terms=tuple(r.peak_term for r in est.ranks),
                          rank_static=tuple(int(r.static_bytes) for r in est.ranks),
@@ -60,9 +65,8 @@ class Pricer:
                          rejected_by=tuple(sorted({f["id"] for f in errors(findings)})),
                          disabled=off, step=step,
                          rank_allocated=tuple(int(r.allocated_peak_bytes) for r in est.ranks),
-                         rank_band=tuple(self.band(with_setting, est, r).device for r in est.ranks),
-                         rank_band_calibrated=tuple(self.band(with_setting, est, r, True).device
-                                                    for r in est.ranks))
+                         rank_band=tuple(b.device for b, _ in both),
+                         rank_band_calibrated=tuple(b.device for _, b in both))
 
     def band(self, w, est, rank, calibrated: bool = False):
         """One rank's error band (memory/band.py) for an estimate of this workload."""
@@ -72,9 +76,11 @@ class Pricer:
 
     @property
     def release_key(self) -> str:
-        from mbridge_recompute.facts import releases
+        if self._release_key is None:
+            from mbridge_recompute.facts import releases
 
-        return releases.resolve_version(self.version)
+            self._release_key = releases.resolve_version(self.version)
+        return self._release_key
 
 
 def _offload_skip(f: dict) -> bool:
