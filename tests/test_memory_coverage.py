@@ -109,13 +109,13 @@ def test_a_setting_that_only_matters_with_another_is_not_named_alone():
 
 def test_other_sections_keys_are_judged_too(tmp_path):
     path = Path(tmp_path) / "w.yaml"
-    path.write_text("model: {num_layers: 2}\n"
-                    "optimizer: {optimizer_cpu_offload: true, optimizer_offload_fraction: 0.5}\n")
+    model = "model: {num_layers: 2, hidden_size: 64, num_attention_heads: 4}\n"   # a whole model
+    path.write_text(model + "optimizer: {optimizer_cpu_offload: true, optimizer_offload_fraction: 0.5}\n")
     w = load_workload(str(path))
     named = {u.key: u for u in coverage.unmodelled(w)}
     assert "optimizer.optimizer_cpu_offload" in named
     assert "host" in named["optimizer.optimizer_cpu_offload"].changes      # its coverage.yaml text
-    path.write_text("model: {num_layers: 2}\noptimizer: {some_future_knob: 3}\n")
+    path.write_text(model + "optimizer: {some_future_knob: 3}\n")
     with pytest.raises(InputError):                   # known to no release: refused, not dropped
         load_workload(str(path))
 
