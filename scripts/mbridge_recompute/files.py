@@ -197,15 +197,6 @@ def read_bytes(path, field: str, kind: str) -> bytes:
     return data
 
 
-def read_stream(stream, field: str, kind: str = "log") -> bytes:
-    """At most LIMITS[kind] bytes of an open binary stream (stdin)."""
-    limit = LIMITS[kind]
-    data = stream.read(limit + 1)
-    if len(data) > limit:
-        raise InputError(field, f"more than the {_mib(limit)} MiB read of a {kind}")
-    return data
-
-
 def decode_utf8(data: bytes, field: str) -> str:
     """A document's text: UTF-8, a leading byte-order mark dropped (Windows editors write one)."""
     try:

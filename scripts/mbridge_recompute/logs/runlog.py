@@ -413,12 +413,6 @@ class _Stream:
 _CARETS = re.compile(r"^\s*[\^~]+\s*$")      # Python 3.11+ error-location markers
 
 
-def log_of(path) -> Path:
-    """The log a user names: a file as given, or a harness run directory's log.txt."""
-    p = Path(path)
-    return p / LOG if p.is_dir() and (p / LOG).is_file() else p
-
-
 # ANSI escape sequences (colour, cursor moves; CSI and OSC forms, and two-byte escapes): a
 # coloured log must parse like a plain one, and none of it may reach the user's terminal
 _ANSI = re.compile(r"\x1b(?:\[[0-?]*[ -/]*[@-~]|\][^\x07\x1b]*(?:\x07|\x1b\\)?|[@-Z\\-_])"
@@ -445,20 +439,6 @@ def detect_encoding(data: bytes) -> str:
         if even > 0.4 * half and odd < 0.05 * half:
             return "utf-16-be"
     return "utf-8"
-
-
-def decode_log(data: bytes) -> tuple:
-    """(text, replaced_count, encoding): newlines normalised, ANSI sequences removed.
-
-    A lone CR ends a line too: a log written with CR-only line ends (old macOS tools, progress
-    bars redrawn in place) would otherwise be one line.
-    """
-    enc = detect_encoding(data)
-    bom = next((b for b, name in _BOMS if name == enc and data.startswith(b)), b"")
-    body = data[len(bom):]
-    text = body.decode(enc, errors="replace")
-    replaced = text.count("\ufffd") - body.decode(enc, errors="ignore").count("\ufffd")
-    return normalize(text), replaced, enc
 
 
 def normalize(text: str) -> str:

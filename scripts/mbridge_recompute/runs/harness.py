@@ -319,7 +319,14 @@ def _is_short(token: str, option: str) -> bool:
 
 
 def conflicts(passthrough: Sequence[str]) -> list:
-    """(token, reason) for every passthrough argument that would fight the sweep."""
+    """(token, reason) for every passthrough argument that would fight the sweep.
+
+    A screen on the tokens themselves, wider on purpose than the release's parser
+    (runs/harness_argv.py): any prefix of a conflicting long option down to its stem
+    (`--recompute`, which argparse would call ambiguous), `-rl5` (which argparse leaves to Hydra)
+    and every Hydra spelling of a recompute key are refused with the reason the sweep has, before
+    the release is known.
+    """
     found = []
     for tok in passthrough:
         for opt, (stem, why) in _CONFLICTING_LONG.items():
