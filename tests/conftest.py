@@ -17,6 +17,21 @@ EXAMPLES = ROOT / "examples"
 if str(SCRIPTS) not in sys.path:
     sys.path.insert(0, str(SCRIPTS))
 
+# the tools under tests/tools (generators, add_release, the mirror paths) import as top-level modules
+if str(ROOT / "tests" / "tools") not in sys.path:
+    sys.path.insert(0, str(ROOT / "tests" / "tools"))
+
+
+def need_mirror(name: str) -> None:
+    """Fail (never skip) the calling test when the git mirror `name` ('Megatron-LM' or 'Megatron
+    Bridge', tests/tools/mirrors.py) is absent: what it reads exists in no package."""
+    from mirrors import missing
+
+    why = missing(name)
+    if why:
+        pytest.fail(why, pytrace=False)
+
+
 SCRIPT_OF = {
     "plan": "plan.py", "config": "write_config.py", "check": "check_config.py",
     "harness": "run_harness.py", "compare": "compare_runs.py", "diagnose": "diagnose.py",

@@ -26,6 +26,16 @@ fi
 export MBR_ENVS=${MBR_ENVS:-$HOME/.cache/mbridge-recompute/envs}
 say "per-release environments (tests/envs/build.sh; its progress follows)"
 bash tests/envs/build.sh >/dev/null      # stdout: the envs.json path; progress goes to stderr
+# Megatron-LM and Megatron Bridge source at their tags, which no package carries, from bare git
+# clones (tests/tools/mirrors.py): a missing one is cloned when GitHub answers; otherwise the
+# tests that read it fail, naming it
+while IFS=$'\t' read -r var path url; do
+  if [ ! -f "$path/HEAD" ]; then
+    say "the $var git mirror ($url into $path)"
+    timeout 900 git clone --quiet --bare "$url" "$path" 2>/dev/null ||
+      echo "run_all: could not clone $url: the tests that read $var will fail" >&2
+  fi
+done < <("$PY" tests/tools/mirrors.py)
 # lint first (ruff, configured in pyproject.toml): a lint error fails the run like a test
 say "lint (ruff)"
 .venv/bin/python -m ruff check scripts tests benchmarks

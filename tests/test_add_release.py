@@ -19,7 +19,7 @@ from test_releases import release_env
 
 from mbridge_recompute.facts import card, releases
 
-from conftest import ROOT
+from conftest import ROOT, need_mirror
 
 sys.path.insert(0, str(ROOT / "tests" / "tools"))
 import add_release  # noqa: E402
@@ -51,7 +51,7 @@ def test_adding_0_19_2_again_reproduces_the_cards_0_19_sites(readded):
     change, old, new = readded
     patched = set(releases.meta("0.19")["patch_files"])
     by_id = {r.cid: r for r in change.refound}
-    mcore = [c for c in card.constraints() if not c.get("bridge")]     # Bridge's rules cite Bridge
+    mcore = add_release.sited(card.load())     # Bridge's own rules cite Bridge, not megatron-core
     assert len(by_id) == sum("0.18" in c["at"] for c in mcore) > 100
     same, shifted, changed, ended = [], [], [], []
     for c in mcore:
@@ -114,10 +114,10 @@ def test_writing_the_readded_release_into_a_card_without_it_gives_back_the_card(
     without = re.sub(r', "0\.19": "[^"]*"', "", text)
     assert without != text
     out = add_release.write_card(without, change, list(card.load()["releases"]))
-    differ = {r.cid for r in change.refound
-              if r.new != card.constraint(r.cid)["at"].get("0.19")}
-    expected_changes = {c["id"] for c in card.constraints() if "0.19" in c["at"]} & differ | {
-        c["id"] for c in card.constraints() if "0.19" not in c["at"] and c["id"] in change.at}
+    sited = {c["id"]: c for c in add_release.sited(card.load())}     # constraints and memory bugs
+    differ = {r.cid for r in change.refound if r.new != sited[r.cid]["at"].get("0.19")}
+    expected_changes = {cid for cid, c in sited.items() if "0.19" in c["at"]} & differ | {
+        cid for cid, c in sited.items() if "0.19" not in c["at"] and cid in change.at}
     ids = re.findall(r"^  - id: (\S+)", text, flags=re.M)
     bridge = {c["id"] for c in card.constraints() if c.get("bridge")}   # not the tool's to re-find
     wrong = []
@@ -140,8 +140,7 @@ def test_the_bridge_harness_flags_read_at_each_tag_are_the_recorded_ones(key, ta
     spellings, arity, choices, required, append and line are data/bridge_harness_flags.json's, and
     the recompute tests the card lists for the release exist there. Needs the Bridge git mirror
     ($BRIDGE_MIRROR); no package carries the harness (the 0.6.2 wheel ships no scripts/)."""
-    if not (add_release.BRIDGE_MIRROR / "HEAD").exists():
-        pytest.skip(f"no Megatron Bridge git mirror at {add_release.BRIDGE_MIRROR}")
+    need_mirror("Megatron Bridge")
     b = add_release.bridge_release(tag)
     recorded = json.loads((ROOT / "scripts/mbridge_recompute/data/bridge_harness_flags.json").read_text())
     assert b["flags"] == recorded["releases"][key]["flags"]
@@ -174,8 +173,7 @@ def test_rules_only_main_had_are_found_in_the_release_they_arrived_in():
     """With Megatron-LM main's tree (the git mirror), the rules the card holds only from 0.19 on
     are re-found in the 0.19.2 wheel by main's text, at the card's 0.19 lines (in files 0.19.2
     did not change) or with main's code (in the ones it did)."""
-    if not (add_release.MLM_MIRROR / "HEAD").exists():
-        pytest.skip(f"no Megatron-LM git mirror at {add_release.MLM_MIRROR}")
+    need_mirror("Megatron-LM")
     main = add_release.Tree(add_release.MLM_MIRROR, card.load()["releases"]["main"]["commit"])
     new = add_release.Tree(root=_site_dir("0.19.2"))
     change = add_release.add("0.19", new, previous="0.18", old=add_release.Tree(root=_site_dir("0.18.2")),

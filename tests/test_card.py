@@ -443,9 +443,19 @@ def test_every_citation_abbreviation_is_defined_in_the_card_legend():
                 continue
             undefined.setdefault(name, f.relative_to(ROOT).as_posix())
     assert undefined == {}
-    for loc in (v for c in card.constraints() for v in c["at"].values()):
+    # a site of the card (a constraint's or a memory bug's `at`) names a path or an abbreviation:
+    # a bare `token_dispatcher.py` says nothing of its directory, so no tool can open it
+    sited = [*card.constraints(), *card.load()["memory_bugs"]]
+    for loc in (v for c in sited for v in c.get("at", {}).values()):
         name = re.match(r"[\w./-]+?(?=:)", loc).group(0)
-        assert name in legend or "/" in name or name.endswith(".py"), loc
+        assert name in legend or "/" in name, loc
+
+
+def test_the_schema_refuses_a_bare_file_name_that_is_no_abbreviation():
+    data = copy.deepcopy(card.load())
+    data["memory_bugs"][0]["at"]["0.16"] = "dispatcher_of_nowhere.py:1-2"
+    problems = validate(data)
+    assert any("memory_bugs" in p and "neither a path nor a card abbreviation" in p for p in problems)
 
 
 # ---------------------------------------------------------------- release-dependent prose

@@ -21,7 +21,7 @@ from mbridge_recompute.errors import InputError
 from mbridge_recompute.inputs import defaults, mlm_args
 from mbridge_recompute.inputs.loading import load_workload
 
-from conftest import ROOT, SCRIPTS, run_script
+from conftest import ROOT, SCRIPTS, need_mirror, run_script
 
 MLM = ROOT / "tests" / "fixtures" / "mlm"
 MOE_SELECTIVE = MLM / "gpt3_mcore_te_tp2_pp2_ep4_etp1_selective_recompute_experimental.model_config.yaml"
@@ -124,6 +124,7 @@ def test_the_written_down_definitions_are_that_releases_parser(release, tmp_path
     sys.path.insert(0, str(ROOT / "tests" / "tools"))
     from gen_mlm_arguments import post_training_dir
 
+    need_mirror("Megatron-LM")
     env_spec = release_env(release)
     extra = post_training_dir(release, tmp_path)
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([env_spec["pythonpath"], str(extra)]))

@@ -37,7 +37,6 @@ import argparse
 import ast
 import email
 import json
-import os
 import re
 import subprocess
 import sys
@@ -48,10 +47,10 @@ from typing import Optional
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "scripts"))
 
+from mirrors import BRIDGE_MIRROR, MLM_MIRROR  # noqa: E402
+
 from mbridge_recompute.facts import card  # noqa: E402
 
-MLM_MIRROR = Path(os.environ.get("MLM_MIRROR", "/work/.mirror/NVIDIA+Megatron-LM/repo"))
-BRIDGE_MIRROR = Path(os.environ.get("BRIDGE_MIRROR", "/work/.mirror/NVIDIA-NeMo+Megatron-Bridge/repo"))
 DATA = ROOT / "scripts" / "mbridge_recompute" / "data"
 TC = "megatron/core/transformer/transformer_config.py"
 
@@ -439,6 +438,13 @@ def bridge_release(tag: str) -> dict:
 
 
 # ---------------------------------------------------------------- the whole change
+def sited(data: dict) -> list:
+    """The card entries that cite megatron-core lines per release (an `at` map): constraints
+    other than Bridge's own, and memory bugs."""
+    return [c for c in data["constraints"] if not c.get("bridge")] + [
+        b for b in data.get("memory_bugs", []) if b.get("at")]
+
+
 def add(key: str, new: Tree, previous: Optional[str] = None, old: Optional[Tree] = None,
         version: Optional[str] = None, tag: Optional[str] = None,
         bridge: Optional[str] = None, main: Optional[Tree] = None) -> ReleaseChange:
@@ -450,8 +456,9 @@ def add(key: str, new: Tree, previous: Optional[str] = None, old: Optional[Tree]
     previous = previous or [k for k in numbered if k != key][-1]
     old = old or Tree(MLM_MIRROR, data["releases"][previous]["tag"])
     change = ReleaseChange(key, previous, new.name)
-    # Megatron Bridge's own rules (a `bridge` field) cite Bridge's lines, not megatron-core's
-    mcore = [c for c in data["constraints"] if not c.get("bridge")]
+    # every megatron-core site the card cites per release: the constraints (Megatron Bridge's own
+    # rules, with a `bridge` field, cite Bridge's lines instead) and the known memory bugs
+    mcore = sited(data)
     sites = {c["id"]: c["at"][previous] for c in mcore if previous in c["at"]}
     for cid, (text, status, note) in refind_sites(old, new, sites).items():
         change.refound.append(Refound(cid, sites[cid], text, status, note))

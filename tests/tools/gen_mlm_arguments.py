@@ -25,7 +25,8 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-MLM_MIRROR = Path(os.environ.get("MLM_MIRROR", "/work/.mirror/NVIDIA+Megatron-LM/repo"))
+from mirrors import MLM_MIRROR  # noqa: E402
+
 POST_TRAINING_TAG = {"0.17.1": "core_v0.17.1", "0.18.2": "core_v0.18.2", "0.19.2": "core_v0.19.0"}
 OUT = ROOT / "scripts" / "mbridge_recompute" / "data" / "mlm_arguments.json"
 KINDS = {argparse._StoreTrueAction: "store_true", argparse._StoreFalseAction: "store_false",

@@ -33,7 +33,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 OUT = ROOT / "scripts" / "mbridge_recompute" / "data" / "upstream_fields.json"
-MLM_MIRROR = Path(os.environ.get("MLM_MIRROR", "/work/.mirror/NVIDIA+Megatron-LM/repo"))
+from mirrors import MLM_MIRROR  # noqa: E402
 
 
 def _plain(value):

@@ -134,8 +134,9 @@ def validate(card: Any) -> list[str]:
             c.bad(p, str(e))
             return
         for s in (where, where.caller):
-            if s and s.file not in abbreviations and "/" not in s.file and not s.file.endswith(".py"):
-                c.bad(p, f"{s.file!r} is neither a file name nor a card abbreviation")
+            # a bare name must be an abbreviation: nothing else says which directory it is in
+            if s and s.file not in abbreviations and "/" not in s.file:
+                c.bad(p, f"{s.file!r} is neither a path nor a card abbreviation")
 
     def label(e: dict, p: str) -> None:
         c.field(e, "label", "str", p)
