@@ -6,7 +6,7 @@ import pytest
 
 from mbridge_recompute.inputs.loading import load_workload
 from mbridge_recompute.rules import check_workload
-from mbridge_recompute.rules.live import te_importable
+from mbridge_recompute.rules.mcore_config import te_importable
 
 pytestmark = pytest.mark.mcore
 

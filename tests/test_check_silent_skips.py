@@ -17,8 +17,9 @@ from hypothesis import strategies as st
 from mbridge_recompute import memory
 from mbridge_recompute.facts import card
 from mbridge_recompute.plan.planner import plan
-from mbridge_recompute.plan.pricing import Pricer, disabled_by
+from mbridge_recompute.plan.pricing import Pricer
 from mbridge_recompute.rules import builtin
+from mbridge_recompute.rules.findings import disabled_by
 from mbridge_recompute.setting import RecomputeSetting
 from mbridge_recompute.workload import Workload
 

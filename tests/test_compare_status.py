@@ -16,11 +16,11 @@ sys.path.insert(0, str(FIXTURES))
 import logformat as lf  # noqa: E402
 
 from mbridge_recompute.errors import InputError  # noqa: E402
-from mbridge_recompute.logs import compare, runlog  # noqa: E402
+from mbridge_recompute.logs import compare, rundir, runlog  # noqa: E402
 
 
 def summary(name: str, **kw) -> dict:
-    return compare.summarize(runlog.parse_file(FIXTURES / name), **kw)
+    return compare.summarize(rundir.parse_file(FIXTURES / name), **kw)
 
 
 @pytest.mark.parametrize("fixture,status,stage", [
@@ -139,8 +139,8 @@ def test_different_batch_or_weights_in_the_logs_is_unmatched():
 
 
 def test_control_defaults_to_the_first_log_without_an_empty_run():
-    a = runlog.parse_file(FIXTURES / "pass.log")
-    b = runlog.parse_file(FIXTURES / "nan_grad_norm.log")
+    a = rundir.parse_file(FIXTURES / "pass.log")
+    b = rundir.parse_file(FIXTURES / "nan_grad_norm.log")
     assert compare.compare([b, a])["control"] == "nan_grad_norm"
     assert compare.compare([b, a], control_name="pass")["control"] == "pass"
 
@@ -160,7 +160,7 @@ def test_unreadable_log_is_exit_2(tmp_path):
 
 def test_same_run_name_twice_is_bad_input():
     with pytest.raises(InputError):
-        compare.compare([runlog.parse_file(FIXTURES / "pass.log"), runlog.parse_file(FIXTURES / "pass.log")])
+        compare.compare([rundir.parse_file(FIXTURES / "pass.log"), rundir.parse_file(FIXTURES / "pass.log")])
 
 
 def test_exit_1_when_no_candidate_passes():
@@ -271,7 +271,7 @@ def test_config_dumps_that_differ_only_in_recompute_are_matched(tmp_path):
     for name, mods in (("empty", "[]"), ("moe_act", "[moe_act]")):
         (tmp_path / name / "ConfigContainer.yaml").write_text(
             CONFIG_DUMP.format(seq=4096, modules=mods, name=name))
-    runs = [runlog.parse_file(p) for p in paths]
+    runs = [rundir.parse_file(p) for p in paths]
     assert runs[0].config["model.seq_length"] == 4096            # the python tag is read, not executed
     assert compare.match(runs[1], runs[0]) == []
 

@@ -15,14 +15,14 @@ sys.path.insert(0, str(FIXTURES))
 
 import logformat as lf  # noqa: E402
 
-from mbridge_recompute.logs import diagnose, runlog  # noqa: E402
+from mbridge_recompute.logs import diagnose, rundir, runlog  # noqa: E402
 
 GIB = lf.GIB
 CAP = 79.11 * GIB
 
 
 def findings(name: str) -> list:
-    return diagnose.diagnose(runlog.parse_file(FIXTURES / name))["findings"]
+    return diagnose.diagnose(rundir.parse_file(FIXTURES / name))["findings"]
 
 
 def kinds(fs: list) -> list:
@@ -160,7 +160,7 @@ def test_guide_examples_are_diagnosed_as_their_names_say():
 
 
 def test_real_torch_oom_text_is_parsed_completely():
-    run = runlog.parse_file(FIXTURES / "real_oom_fragmentation.log")
+    run = rundir.parse_file(FIXTURES / "real_oom_fragmentation.log")
     (oom,) = run.ooms
     assert oom.requested == 1024 * 2**20
     assert oom.capacity == 139.80 * GIB and oom.allowed == 4 * GIB

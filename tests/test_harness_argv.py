@@ -1,4 +1,4 @@
-"""The harness argument list is read once, the way the rank reads it (runs/harness_argv.py): with
+"""The harness argument list is read once, the way the rank reads it (inputs/harness_argv.py): with
 argparse's rules for the release's flags and Hydra's override grammar for the rest. Both readings
 are checked against the real thing -- CPython's argparse built from the same flag table, and
 hydra-core 1.3.2's OverridesParser in the Megatron Bridge 0.6.2 environment -- and every tool
@@ -16,8 +16,9 @@ from bridge_env import bridge_env
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
+from mbridge_recompute.facts import bridge_flags
+from mbridge_recompute.inputs.harness_argv import HarnessArgv, parse_value
 from mbridge_recompute.runs import bridge
-from mbridge_recompute.runs.harness_argv import HarnessArgv, parse_value
 
 from conftest import ROOT, run_script
 
@@ -38,7 +39,7 @@ def real_parser(release: str) -> argparse.ArgumentParser:
     """The release's harness parser as argparse builds it from the flag table (allow_abbrev on,
     parse_known_args, as argument_parser.py does); absent flags stay out of the namespace."""
     p = _Parser(allow_abbrev=True, add_help=False)
-    for e in bridge.flags(release):
+    for e in bridge_flags.flags(release):
         kw = {"dest": e["flags"][-1], "default": argparse.SUPPRESS}
         if e["value"] == "none":
             kw.update(action="append_const" if e.get("append") else "store_const", const=True)
@@ -50,7 +51,7 @@ def real_parser(release: str) -> argparse.ArgumentParser:
 
 
 def ours_as_namespace(h: HarnessArgv) -> dict:
-    entries = {e["flags"][-1]: e for e in bridge.flags(h.release)}
+    entries = {e["flags"][-1]: e for e in bridge_flags.flags(h.release)}
     out = {}
     for name in dict.fromkeys(f.name for f in h.flags):
         e, given_ = entries[name], h.given(name)
@@ -73,7 +74,7 @@ ARGPARSE_PROBLEMS = ("ambiguous option", "needs a value", "takes no value")
 
 
 def _vocabulary(release: str) -> list:
-    spellings = [sp for e in bridge.flags(release) for sp in e["flags"]]
+    spellings = [sp for e in bridge_flags.flags(release) for sp in e["flags"]]
     abbreviations = ["--recompute_mod", "--recompute", "--global_b", "--num_g", "--use_rec", "--dr", "-r",
                      "-w", "-wd", "--re", "--model_f", "--seq"]
     values = ["moe_act", "2", "-1", "-", "a b", "x,y", "8", "llama", "bf16", ""]
@@ -177,7 +178,7 @@ def _hydra_in_bridge_env(tokens: list) -> list:
 
 
 def _ours(token: str) -> dict:
-    from mbridge_recompute.runs.harness_argv import Sweep, parse_override
+    from mbridge_recompute.inputs.harness_argv import Sweep, parse_override
 
     o, why = parse_override(token)
     if o is None or (why and not isinstance(o.value, Sweep)):
@@ -277,7 +278,7 @@ def test_rl_beside_abbreviated_labels_is_named_by_diagnose(tmp_path):
 
 
 def test_harness_refuses_a_passthrough_flag_given_twice_in_two_spellings():
-    from mbridge_recompute.runs.bridge import check_passthrough
+    from mbridge_recompute.inputs.harness_argv import check_passthrough
 
     problems = check_passthrough(["-gb", "32", "--global_b", "64"], "0.6")
     assert problems and "--global_batch_size is given twice" in problems[0]

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import re
 
+from mbridge_recompute.facts import bridge_flags
 from mbridge_recompute.runs import bridge
 
 from conftest import ROOT
@@ -39,7 +40,7 @@ def test_every_documented_flag_is_a_flag_of_the_releases_it_claims():
         for col, keys in ((cells[1], ("0.5",)), (cells[2], ("0.6", "main"))):
             lines = _lines(col)
             for key in keys:
-                known = {sp: e for e in bridge.flags(key) for sp in e["flags"]}
+                known = {sp: e for e in bridge_flags.flags(key) for sp in e["flags"]}
                 if not lines:
                     assert not any(f in known for f in flags), (row, key)
                     continue
@@ -56,6 +57,6 @@ def test_every_documented_flag_is_a_flag_of_the_releases_it_claims():
 def test_the_task_choices_the_doc_states_are_the_data():
     for key, choices in (("0.5", ["pretrain", "sft", "lora"]), ("0.6", ["pretrain", "sft", "peft"]),
                          ("main", ["pretrain", "sft", "peft"])):
-        task = next(e for e in bridge.flags(key) if "--task" in e["flags"])
+        task = next(e for e in bridge_flags.flags(key) if "--task" in e["flags"])
         assert task["choices"] == choices
         assert list(bridge.release(key).task_choices) == choices

@@ -15,11 +15,11 @@ sys.path.insert(0, str(FIXTURES))
 import logformat as lf  # noqa: E402
 
 from mbridge_recompute.errors import InputError  # noqa: E402
-from mbridge_recompute.logs import oom, runlog  # noqa: E402
+from mbridge_recompute.logs import oom, rundir, runlog  # noqa: E402
 
 
-def parse(name: str) -> runlog.RunLogLog:
-    return runlog.parse_file(FIXTURES / name)
+def parse(name: str) -> runlog.RunLog:
+    return rundir.parse_file(FIXTURES / name)
 
 
 def test_iteration_line_fields_are_read():
@@ -233,10 +233,10 @@ def test_completion_marker_sets_completed():
 
 def test_run_is_named_after_the_stem_or_the_manifest():
     assert parse("pass.log").name == "pass"
-    run = runlog.parse_file(ROOT / "examples" / "logs" / "moonlight16b" / "moe_act" / "log.txt")
+    run = rundir.parse_file(ROOT / "examples" / "logs" / "moonlight16b" / "moe_act" / "log.txt")
     assert run.name == "moe_act" and run.setting == "moe_act"
     assert run.manifest["revisions"]["megatron-core"].startswith("24bad8e6")
-    empty = runlog.parse_file(ROOT / "examples" / "logs" / "moonlight16b" / "empty" / "log.txt")
+    empty = rundir.parse_file(ROOT / "examples" / "logs" / "moonlight16b" / "empty" / "log.txt")
     assert empty.setting == "[]"
 
 
@@ -244,22 +244,22 @@ def test_log_txt_without_manifest_is_named_after_its_directory(tmp_path):
     d = tmp_path / "block4"
     d.mkdir()
     (d / "log.txt").write_text(lf.iteration_line(1, 2, 100.0) + "\n")
-    assert runlog.parse_file(d / "log.txt").name == "block4"
+    assert rundir.parse_file(d / "log.txt").name == "block4"
 
 
 def test_unreadable_log_is_an_input_error(tmp_path):
     with pytest.raises(InputError) as exc:
-        runlog.parse_file(tmp_path / "missing.log")
+        rundir.parse_file(tmp_path / "missing.log")
     assert "no such file" in str(exc.value)
     with pytest.raises(InputError):
-        runlog.parse_file(tmp_path)
+        rundir.parse_file(tmp_path)
 
 
 def test_broken_manifest_is_an_input_error(tmp_path):
     (tmp_path / "log.txt").write_text("x\n")
     (tmp_path / "manifest.json").write_text("{not json")
     with pytest.raises(InputError) as exc:
-        runlog.parse_file(tmp_path / "log.txt")
+        rundir.parse_file(tmp_path / "log.txt")
     assert exc.value.field.endswith("manifest.json")
 
 

@@ -20,7 +20,7 @@ argument files, training logs), with one policy, so that no tool reads what anot
   past the limit (a file that grows while it is read is refused too);
 * documents are UTF-8, with or without a byte-order mark; logs may also be UTF-16/32
   (logs/runlog.py decodes them) and are read piece by piece (`open_log`), never whole;
-* YAML and JSON go through inputs/yamlio.py: nesting, alias expansion, integer digits,
+* YAML and JSON go through yamlio.py: nesting, alias expansion, integer digits,
   duplicate keys, non-text keys and lone surrogates bounded or refused, Python tags never
   constructed;
 * every failure is an `InputError` naming the field (exit 2, one line).
@@ -34,31 +34,11 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from mbridge_recompute import yamlio
 from mbridge_recompute.errors import InputError
+from mbridge_recompute.limits import LIMITS
 from mbridge_recompute.units import MIB
 
-# What one tool reads at most, per kind of file: the one limits table. A document is kilobytes
-# (a Bridge ConfigContainer dump ~30 KB, a config.json ~10 KB, a manifest ~2 KB, a plan with
-# --alternatives ~130 KB), so a few MiB already means "not what it claims to be"; a compare report
-# carries one record per rank and run. A long training log is hundreds of MB; it is streamed.
-LIMITS = {
-    "workload": 4 * MIB,          # a workload YAML or a Bridge ConfigContainer dump
-    "config dump": 4 * MIB,       # a run's ConfigContainer.yaml
-    "manifest": 4 * MIB,          # a run's manifest.json
-    "hf config": 4 * MIB,         # a Hugging Face config.json
-    "arguments": 4 * MIB,         # a Megatron-LM argument file (a command line or model_config.yaml)
-    "plan": 16 * MIB,             # `plan --json` (run_harness --from-plan)
-    "report": 16 * MIB,           # `compare --json` / `diagnose --json` (plan --measured)
-    "tune record": 16 * MIB,      # a tune's tune.json (64 runs at most, each a few KB)
-    "checkout source": 4 * MIB,   # a file of a Megatron-Bridge checkout read as text, never run
-    "log": 1024 * MIB,            # a training log (streamed: memory does not grow with it)
-}
-LOG_LIMIT = LIMITS["log"]
-# A YAML/JSON document: nesting, values once aliases are expanded, digits of one integer
-# (a dump nests 5 levels and holds ~3,000 values; int() refuses more than 4300 digits)
-MAX_DEPTH = 64
-MAX_NODES = 200_000
-MAX_INT_DIGITS = 4300
 _NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
 
 
@@ -211,16 +191,12 @@ def read_text(path, field: str, kind: str) -> str:
 
 
 def read_yaml(path, field: str, kind: str = "workload") -> Any:
-    """A YAML document file as plain data, bounded and unambiguous (inputs/yamlio.py)."""
-    from mbridge_recompute.inputs import yamlio
-
+    """A YAML document file as plain data, bounded and unambiguous (yamlio.py)."""
     return yamlio.load_text(read_text(path, field, kind), field)
 
 
 def read_json(path, field: str, kind: str) -> Any:
-    """A JSON document file as plain data, bounded and unambiguous (inputs/yamlio.py)."""
-    from mbridge_recompute.inputs import yamlio
-
+    """A JSON document file as plain data, bounded and unambiguous (yamlio.py)."""
     return yamlio.load_json_text(read_text(path, field, kind), field, "" if field == str(path) else str(path))
 
 

@@ -125,7 +125,7 @@ def _check_numbers(args) -> None:
 def harness_arguments(args) -> tuple:
     """(the harness arguments every run gets, notes): -ms from --iterations; on Slurm the job
     is waited for (--detach false) and its log kept under -l (the run root's nemo-run/)."""
-    from mbridge_recompute.runs.harness_argv import HarnessArgv
+    from mbridge_recompute.inputs.harness_argv import HarnessArgv
 
     def value(name: str):
         return HarnessArgv.parse(passthrough, args.bridge_release or "main").value(name)

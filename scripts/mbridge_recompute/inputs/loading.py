@@ -24,11 +24,11 @@ import difflib
 from pathlib import Path
 from typing import Any, Iterable, Optional
 
-from mbridge_recompute import DATA_DIR
+from mbridge_recompute import DATA_DIR, yamlio
 from mbridge_recompute.errors import InputError
 from mbridge_recompute.facts import card, releases
 from mbridge_recompute.inputs import fields as upstream_fields
-from mbridge_recompute.inputs import values, yamlio
+from mbridge_recompute.inputs import values
 from mbridge_recompute.workload import FIELD_NAMES, FIELDS, Workload, section_fields
 
 DATA = DATA_DIR

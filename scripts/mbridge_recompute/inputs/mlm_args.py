@@ -134,8 +134,7 @@ def _from_file(path: Path) -> list:
 
 def _read_file(path: Path) -> tuple:
     """(the argument tokens, the launcher tokens before them) of one --mlm-args FILE."""
-    from mbridge_recompute import files
-    from mbridge_recompute.inputs import yamlio
+    from mbridge_recompute import files, yamlio
 
     where = f"{WHERE} {path}"
     text = files.read_text(path, where, "arguments")

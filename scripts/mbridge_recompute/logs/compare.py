@@ -39,7 +39,7 @@ CONTROL_NAMES = ("empty", "[]", "control")
 
 # what only names, places or sets the recompute of a run: everything else must be equal for two
 # runs to be a matched pair (bridge-harness.md §1.4). Flags by their canonical spelling (the
-# harness argv is read as the rank reads it, runs/harness_argv.py: `-rl`, `--recompute_mod` and
+# harness argv is read as the rank reads it, inputs/harness_argv.py: `-rl`, `--recompute_mod` and
 # `--recompute_modules=a` are all one of these), Hydra keys by name or prefix.
 _RUN_ONLY_FLAGS = ("--recompute_modules", "--recompute_num_layers", "--wandb_experiment_name", "--log_dir",
                    "--save_config_filepath", "--dryrun", "--detach")
@@ -184,8 +184,8 @@ def choose_control(runs: list, name: Optional[str]) -> RunLog:
 def command_settings(manifest: dict) -> dict:
     """A manifest's command line as {what it sets: [values]}, without what only names a run or
     sets its recompute: the launcher and entry script as written, then the harness flags by
-    their canonical spelling and the Hydra overrides by key (runs/harness_argv.py)."""
-    from mbridge_recompute.runs.harness_argv import HarnessArgv
+    their canonical spelling and the Hydra overrides by key (inputs/harness_argv.py)."""
+    from mbridge_recompute.inputs.harness_argv import HarnessArgv
 
     release = manifest.get("bridge_release")
     hargv = HarnessArgv.of_command(manifest["argv"], release if isinstance(release, str) else None)

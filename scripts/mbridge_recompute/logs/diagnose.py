@@ -303,7 +303,7 @@ def _error_findings(run: RunLog) -> list:
 
 
 # a harness command line as a log or manifest shows it, read as the rank reads it
-# (runs/harness_argv.py): an abbreviation (--recompute_mod) is the flag it abbreviates
+# (inputs/harness_argv.py): an abbreviation (--recompute_mod) is the flag it abbreviates
 _COMMAND_HINT = re.compile(r"--recompute_|(?<!\S)-r(?:l|\s|=|\d)")
 _RL_FIX = ("drop -rl: the harness applies the argparse flags after the Hydra overrides (run_script.py:76-79, "
            "overrides.py:174-177 @ 067f987; run_script.py:86-87, overrides.py:150-153 @ v0.5.1), so "
@@ -324,7 +324,7 @@ def _tokens(line: str) -> list:
 def _command_lines(run: RunLog) -> list:
     """(line number or None, text, HarnessArgv) for each command line the run shows: its
     manifest's argv, and log lines that hold harness recompute flags."""
-    from mbridge_recompute.runs.harness_argv import HarnessArgv
+    from mbridge_recompute.inputs.harness_argv import HarnessArgv
 
     manifest = run.manifest or {}
     release = manifest.get("bridge_release") if isinstance(manifest.get("bridge_release"), str) else None
@@ -339,7 +339,7 @@ def _command_lines(run: RunLog) -> list:
 
 def _argv_findings(run: RunLog, found: list) -> list:
     """What a harness command line in the log shows: `-rl` next to labels, a list flag given twice."""
-    from mbridge_recompute.runs.harness_argv import LAYERS_FLAG, MODULES_FLAG
+    from mbridge_recompute.inputs.harness_argv import LAYERS_FLAG, MODULES_FLAG
 
     out = []
     lines = _command_lines(run)

@@ -85,9 +85,9 @@ class RunSetting:
 
 def requests_of(argv: list, release: Optional[str] = None) -> tuple[list, bool]:
     """The recompute requests of a harness command line, in the order the rank applies them
-    (runs/harness_argv.py: Hydra overrides first, then the argparse flags, run_script.py:76-79 @
+    (inputs/harness_argv.py: Hydra overrides first, then the argparse flags, run_script.py:76-79 @
     v0.6.0), and whether it runs --use_recipes (whose path reads no recompute flag)."""
-    from mbridge_recompute.runs.harness_argv import HarnessArgv
+    from mbridge_recompute.inputs.harness_argv import HarnessArgv
 
     hargv = HarnessArgv.of_command(argv, release)
     return hargv.recompute_requests(), hargv.use_recipes
@@ -151,7 +151,7 @@ def read(run: str, config: Optional[str] = None, watch=None) -> tuple[RunSetting
 def differences(s: RunSetting) -> list:
     out = []
     if s.use_recipes:
-        from mbridge_recompute.runs.harness_argv import HarnessArgv
+        from mbridge_recompute.inputs.harness_argv import HarnessArgv
 
         flags = [f.text for f in HarnessArgv.of_command(s.argv).recompute_flags()]
         if flags:

@@ -107,3 +107,9 @@ class RunDir:
             run.setting = runlog.manifest_setting(manifest)
             self._log = run
         return self._log
+
+
+def parse_file(path: str | Path, name: Optional[str] = None, watch=None) -> runlog.RunLog:
+    """Parse one log file (or a run directory's log.txt), with the manifest.json and
+    ConfigContainer.yaml beside it when present, each read once."""
+    return RunDir(str(path), field=str(path)).parse(watch=watch, name=name)

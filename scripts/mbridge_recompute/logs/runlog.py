@@ -39,23 +39,10 @@ from mbridge_recompute.errors import InputError
 from mbridge_recompute.logs.oom import Frame, OOMEvent, finite_or_none, oom_stage, parse_oom  # noqa: F401 (OOMEvent, parse_oom re-exported)
 from mbridge_recompute.units import GB, MIB
 
-
 # --- line prefixes added by launchers (torchrun --tee, PyTorch, srun --label, mpirun)
 # (PyTorch's `[rankN]: ` carries one space of its own; torchrun's `[defaultN]:` none)
 # (every number a regex hands to int() is bounded, so a 5000-digit "rank" is text, not a
 # ValueError past Python's integer-conversion limit)
-def is_option(tok: str) -> bool:
-    """Whether a token of a run's command line is an option (`-x`, `--flag`, `--k=v`) rather
-    than a value: a lone `-` and negative numbers (`-1`, `-1e-5`) are values."""
-    if not tok.startswith("-") or len(tok) == 1:
-        return False
-    try:
-        float(tok)
-        return False
-    except ValueError:
-        return True
-
-
 _PREFIX = re.compile(r"^(?:\s*(?:\[default\d{1,6}\]:|\[rank\d{1,6}\]: ?"
                      r"|\[1,\d{1,6}\]<std(?:out|err)>:|\d{1,5}: ))+")
 _PREFIX_RANK = re.compile(r"\[(?:default|rank)(\d{1,6})\]|\[1,(\d{1,6})\]|^\s*(\d{1,5}): ")
@@ -716,7 +703,7 @@ def parse_stream(stream, field: str, name: str = "log", path: str = "", watch=No
     message pasted beside the log); InputError when there is no text at all."""
     import itertools
 
-    from mbridge_recompute.files import LOG_LIMIT
+    from mbridge_recompute.limits import LOG_LIMIT
 
     reader = LogText(stream, field, LOG_LIMIT)
     then = list(then)
@@ -732,7 +719,7 @@ def parse_stream(stream, field: str, name: str = "log", path: str = "", watch=No
 
 
 def parse_path(path, field: str, name: str, watch=None, then: Iterable[str] = ()) -> RunLog:
-    """Parse the log file at `path` (a regular file, at most files.LIMITS['log'] bytes)."""
+    """Parse the log file at `path` (a regular file, at most limits.LIMITS["log"] bytes)."""
     from mbridge_recompute import files
 
     fh, _ = files.open_regular(path, field, "log")
@@ -833,14 +820,6 @@ def manifest_setting(manifest: Optional[dict]) -> Optional[str]:
         if gran in (None, "none"):
             return "none"
     return None
-
-
-def parse_file(path: str | Path, name: Optional[str] = None, watch=None) -> RunLog:
-    """Parse one log file (or a run directory's log.txt), with the manifest.json and
-    ConfigContainer.yaml beside it when present (logs/rundir.py reads each once)."""
-    from mbridge_recompute.logs.rundir import RunDir
-
-    return RunDir(str(path), field=str(path)).parse(watch=watch, name=name)
 
 
 def parse_lines(lines: Iterable[str], name: str = "log") -> RunLog:

@@ -32,6 +32,8 @@ from __future__ import annotations
 
 from typing import NamedTuple, Optional
 
+from mbridge_recompute.memory.types import RankParams, Saved
+
 COLUMN, ROW, EXPERT_COLUMN, EXPERT_ROW, REPLICATED = "col", "row", "ecol", "erow", "rep"
 
 
@@ -151,8 +153,6 @@ def layer_adapter_params(sh, kind: str) -> tuple:
 def saved(sh, block: str, mods: frozenset) -> list:
     """(name, bytes) of what the adapters of `block` keep for backward in one micro-batch, under
     the selective labels `mods` (an MLP / MoE recompute replays its adapters too)."""
-    from mbridge_recompute.memory.tensors import Saved
-
     if sh.lora is None:
         return []
     e, T, Tr = sh.elt, sh.T, sh.Tr
@@ -191,8 +191,6 @@ def saved(sh, block: str, mods: frozenset) -> list:
 def rank_params(sh, kinds, mtp_kinds=()):
     """The adapter parameters of one pipeline rank (its decoder layers and MTP depths) as the
     static model's RankParams: dense and expert parts, no low-precision copies, no embedding."""
-    from mbridge_recompute.memory.static import RankParams
-
     dense = expert = 0.0
     for kind in list(kinds) + list(mtp_kinds):
         d, x = layer_adapter_params(sh, kind)

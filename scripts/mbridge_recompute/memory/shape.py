@@ -11,6 +11,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Optional
 
+from mbridge_recompute.memory.lora import from_workload as lora_of
+
 # Positional encodings that produce fresh q/k tensors (a RoPE kernel writes new storage).
 ROTARY = ("rope", "yarn", "mrope")
 
@@ -176,12 +178,6 @@ class Shape:
         return self.k * self.Tr * self.etp * factor
 
 
-def _lora(w):
-    from mbridge_recompute.memory.lora import from_workload
-
-    return from_workload(w)
-
-
 def _extra(w, name, default):
     value = w.extra_model.get(name) if isinstance(w.extra_model, dict) else None
     return default if value is None else value
@@ -253,5 +249,5 @@ def shape_of(w, knobs) -> Shape:
         offload=frozenset(w.offload_modules or ()) if w.fine_grained_activation_offloading
         else frozenset(),
         router_fp32=w.moe_router_dtype in ("fp32", "fp64"),
-        lora=_lora(w),
+        lora=lora_of(w),
     )

@@ -17,6 +17,7 @@ from functools import lru_cache
 from typing import NamedTuple
 
 from mbridge_recompute.memory.shape import Shape
+from mbridge_recompute.memory.types import RankParams
 
 
 class Part(NamedTuple):
@@ -127,18 +128,6 @@ def layer_parts(sh: Shape, kind: str) -> tuple:
     for fn in KIND_PARTS[kind]:
         out.extend(fn(sh))
     return tuple(out)
-
-
-class RankParams(NamedTuple):
-    dense: float       # parameters on this rank sharded by the distributed optimizer over DP x CP
-    expert: float      # routed-expert parameters on this rank (expert-DP sharding)
-    linear: float      # GEMM weights of decoder layers on this rank (low-precision copies)
-    embedding: float   # input embedding (+ learned positions) on this rank
-    output: float      # output layer + final norm on this rank
-
-    @property
-    def total(self) -> float:
-        return self.dense + self.expert
 
 
 def local_count(sh: Shape, part: Part) -> float:

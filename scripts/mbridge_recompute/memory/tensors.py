@@ -13,17 +13,12 @@ q = bytes per element of a GEMM input a low-precision linear keeps (its quantize
 from __future__ import annotations
 
 from functools import lru_cache
-from typing import NamedTuple
 
 from mbridge_recompute.layer_spec import norm_fused
+from mbridge_recompute.memory import lora
 from mbridge_recompute.memory.recompute import block_mods
 from mbridge_recompute.memory.shape import Shape
-
-
-class Saved(NamedTuple):
-    name: str
-    component: str
-    nbytes: float
+from mbridge_recompute.memory.types import Saved
 
 
 def _act_saved(sh: Shape, width: float, tokens: float, *, weighted: bool = False) -> list:
@@ -391,8 +386,6 @@ BLOCKS = {
 @lru_cache(maxsize=8192)
 def layer_tensors(sh: Shape, kind: str, mods: frozenset) -> tuple:
     """Saved tensors of one layer of `kind` for one micro-batch under selective labels `mods`."""
-    from mbridge_recompute.memory import lora
-
     out = []
     for block in BLOCKS[kind]:
         name = BLOCK_NAMES[block.__name__]

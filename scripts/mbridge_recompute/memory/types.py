@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Optional
+from typing import NamedTuple, Optional
 
 
 @dataclass(frozen=True)
@@ -117,3 +117,22 @@ class MemoryEstimate:
     def as_dict(self) -> dict:
         return {"ranks": [r.as_dict() for r in self.ranks], "hottest_pp_rank": self.hottest.pp_rank,
                 "assumptions": list(self.assumptions), "per_layer": self.per_layer}
+
+
+class Saved(NamedTuple):
+    """One tensor a layer keeps for backward: what it is, its component, its bytes."""
+    name: str
+    component: str
+    nbytes: float
+
+
+class RankParams(NamedTuple):
+    dense: float       # parameters on this rank sharded by the distributed optimizer over DP x CP
+    expert: float      # routed-expert parameters on this rank (expert-DP sharding)
+    linear: float      # GEMM weights of decoder layers on this rank (low-precision copies)
+    embedding: float   # input embedding (+ learned positions) on this rank
+    output: float      # output layer + final norm on this rank
+
+    @property
+    def total(self) -> float:
+        return self.dense + self.expert

@@ -95,7 +95,7 @@ def calibrate(pricer, measured, current: RecomputeSetting) -> Calibration:
     """The offset between `measured` and the model's prediction for the setting that ran."""
     from mbridge_recompute import memory
     from mbridge_recompute.placement import place
-    from mbridge_recompute.plan.pricing import disabled_by
+    from mbridge_recompute.rules.findings import disabled_by
 
     w = pricer.w
     setting = measured.setting if measured.setting is not None else current

@@ -18,11 +18,11 @@ from mbridge_recompute.plan import calibration as calib
 from mbridge_recompute.plan import invariants, question, sentences
 from mbridge_recompute.plan.budget import settle
 from mbridge_recompute.plan.candidates import NEGLIGIBLE_FRACTION, find  # noqa: F401 (tests read it)
-from mbridge_recompute.plan.pricing import Pricer, disabled_by
+from mbridge_recompute.plan.pricing import Pricer
 from mbridge_recompute.plan.report import PlanReport
 from mbridge_recompute.plan.search import grid_words, mark_dominated, order, recommend, refine
 from mbridge_recompute.plan.summary import workload_summary
-from mbridge_recompute.rules.findings import errors
+from mbridge_recompute.rules.findings import disabled_by, errors
 from mbridge_recompute.setting import RecomputeSetting
 
 

@@ -4,7 +4,7 @@ whether the checker allows it. The plan owns no memory arithmetic and no rules o
 from __future__ import annotations
 
 from mbridge_recompute.plan.report import Candidate
-from mbridge_recompute.rules.findings import errors
+from mbridge_recompute.rules.findings import disabled_by, errors
 from mbridge_recompute.setting import RecomputeSetting
 
 
@@ -87,8 +87,3 @@ def _offload_skip(f: dict) -> bool:
     from mbridge_recompute.memory.offload import SKIPPED
 
     return any(str(d[0]).startswith(SKIPPED) for d in f.get("disables", ()))
-
-
-def disabled_by(findings: list) -> tuple:
-    """The (label, block) pairs the findings' silent no-ops switch off, in a stable order."""
-    return tuple(sorted({tuple(d) for f in findings for d in f.get("disables", ())}))

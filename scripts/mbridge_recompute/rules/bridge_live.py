@@ -82,7 +82,7 @@ def container(w):
     )
     from megatron.core.optimizer import OptimizerConfig
 
-    from mbridge_recompute.rules.live import config_kwargs
+    from mbridge_recompute.rules.mcore_config import config_kwargs
 
     cls = _provider_class(w)
     _, kwargs = config_kwargs(w)

@@ -31,6 +31,8 @@ from typing import Callable, Optional
 from mbridge_recompute.facts import card, releases
 from mbridge_recompute.inputs.values import TE_ABSENT  # what te_version says when TE is absent
 from mbridge_recompute.layer_spec import separate_norms
+from mbridge_recompute.memory.graphs import capture as _capture
+from mbridge_recompute.memory.graphs import scope_names as _names
 from mbridge_recompute.placement import place
 from mbridge_recompute.rules.findings import finding, report
 
@@ -183,43 +185,6 @@ def _parse_version(text: str):
         return Version(text)
     except InvalidVersion:
         return None
-
-
-def _names(value) -> list[str]:
-    if value is None:
-        return []
-    if isinstance(value, str):
-        return [x.strip() for x in value.split(",") if x.strip()]
-    return [str(x) for x in value]
-
-
-def _capture(w, has_modules_field: bool) -> tuple:
-    """(effective cuda_graph_impl, capture scopes, full_iteration migrated) as __post_init__ leaves them.
-
-    0.16/0.17 read cuda_graph_scope ("full" = the whole layer, tc:1689-1736 @ core_v0.16.1).
-    0.18+ read cuda_graph_modules, copy a deprecated cuda_graph_scope into it, and turn a
-    full_iteration entry into cuda_graph_impl="full_iteration" -- even when graphs were off
-    (tc:2159-2219 @ core_v0.18.2).
-    """
-    impl = w.cuda_graph_impl
-    if has_modules_field:
-        given = w.cuda_graph_scope if w.cuda_graph_scope is not None else w.cuda_graph_modules
-    else:
-        given = w.cuda_graph_scope
-    scopes = [x for x in _names(given) if x != "full"]
-    migrated = False
-    if has_modules_field:
-        if "full_iteration" in scopes:
-            scopes = [x for x in scopes if x != "full_iteration"]
-            if impl in ("none", "local", "full_iteration"):
-                impl, migrated = "full_iteration", True
-        scopes = [x for x in scopes if x != "full_iteration_inference"]
-    if impl == "local" and ("moe_router" in scopes or "moe_preprocess" in scopes):
-        # local graphs do not tell router from preprocess: both are set (tc:1725-1735 @ core_v0.16.1)
-        for x in ("moe_router", "moe_preprocess"):
-            if x not in scopes:
-                scopes.append(x)
-    return impl, scopes, migrated
 
 
 def _fmt(labels) -> str:

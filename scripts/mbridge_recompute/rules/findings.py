@@ -67,3 +67,8 @@ def report(findings: list[dict], validator: str, version: str, **extra) -> dict:
            "validator": validator, "version": version, "findings": findings}
     out.update(extra)
     return out
+
+
+def disabled_by(findings: list) -> tuple:
+    """The (label, block) pairs the findings' silent no-ops switch off, in a stable order."""
+    return tuple(sorted({tuple(d) for f in findings for d in f.get("disables", ())}))

@@ -18,19 +18,18 @@ the *recipe* carries).
 `scripts/performance/configs/`, the `--task` choices of each generation.
 
 The harness flags of each release (spellings, arity, choices, lines) are data in
-`data/bridge_harness_flags.json`; `check_passthrough` judges a harness argv against them.
+`data/bridge_harness_flags.json` (facts/bridge_flags.py); inputs/harness_argv.py reads a harness
+argv against them.
 """
 
 from __future__ import annotations
 
-import json
 import re
 from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
 from typing import Optional
 
-from mbridge_recompute import DATA_DIR
 from mbridge_recompute.errors import InputError
 
 PERF = "scripts/performance"
@@ -268,23 +267,3 @@ def detect(repo: Optional[Path], forced: Optional[str] = None) -> Detection:
                              f"({how})")
         det.key, det.how, det.supported = forced, f"given with --bridge-release {forced}", True
     return det
-
-
-# ---------------------------------------------------------------- flags
-@lru_cache(maxsize=1)
-def _flag_data() -> dict:
-    path = DATA_DIR / "bridge_harness_flags.json"
-    return json.loads(path.read_text(encoding="utf-8"))["releases"]
-
-
-def flags(key: str) -> list:
-    """The flags of `key`'s harness parser: [{"flags", "value", "line", "choices"?, ...}]."""
-    return _flag_data()[key]["flags"]
-
-
-def check_passthrough(tokens: list, key: str) -> list:
-    """Problems a release's harness parser (or Hydra, which gets what the parser leaves) would hit
-    with `tokens`, before any GPU time: runs/harness_argv.py reads them as the rank does."""
-    from mbridge_recompute.runs.harness_argv import HarnessArgv
-
-    return HarnessArgv.parse(tokens, key).problems

@@ -53,10 +53,10 @@ from pathlib import Path
 from typing import Iterable, Optional, Sequence
 
 from mbridge_recompute.errors import InputError, Rejected
+from mbridge_recompute.inputs.harness_argv import HarnessArgv, check_passthrough
 from mbridge_recompute.logs.runlog import CONFIG_DUMP
 from mbridge_recompute.output import shell_line, shell_token
 from mbridge_recompute.runs import bridge
-from mbridge_recompute.runs.harness_argv import HarnessArgv
 from mbridge_recompute.setting import RecomputeSetting
 
 SETUP_EXPERIMENT = bridge.SETUP_EXPERIMENT
@@ -322,7 +322,7 @@ def conflicts(passthrough: Sequence[str]) -> list:
     """(token, reason) for every passthrough argument that would fight the sweep.
 
     A screen on the tokens themselves, wider on purpose than the release's parser
-    (runs/harness_argv.py): any prefix of a conflicting long option down to its stem
+    (inputs/harness_argv.py): any prefix of a conflicting long option down to its stem
     (`--recompute`, which argparse would call ambiguous), `-rl5` (which argparse leaves to Hydra)
     and every Hydra spelling of a recompute key are refused with the reason the sweep has, before
     the release is known.
@@ -346,8 +346,8 @@ def conflicts(passthrough: Sequence[str]) -> list:
 
 def flag_value(passthrough: Sequence[str], spellings: Iterable[str], release: str = "main") -> Optional[str]:
     """The value argparse keeps for the flag one of `spellings` names (its last occurrence, in any
-    spelling or abbreviation the release's parser takes), or None (runs/harness_argv.py)."""
-    from mbridge_recompute.runs.harness_argv import _table, canonical
+    spelling or abbreviation the release's parser takes), or None (inputs/harness_argv.py)."""
+    from mbridge_recompute.inputs.harness_argv import _table, canonical
 
     table, _ = _table(release)
     names = {canonical(table[sp]) for sp in spellings if sp in table}
@@ -508,7 +508,7 @@ def build_sweep(repo: Optional[str], settings: Sequence[RecomputeSetting], passt
 
     # the release's own parser, read as data: unknown flags, bad choices, a flag given twice,
     # stray words (a second label after a space) -- refused before any GPU time
-    problems = bridge.check_passthrough([*passthrough, *extra], facts.key)
+    problems = check_passthrough([*passthrough, *extra], facts.key)
     if problems:
         more = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""
         raise Rejected("harness arguments", problems[0] + more)

@@ -46,7 +46,7 @@ class Models:
 
     def _estimate(self, setting: RecomputeSetting):
         from mbridge_recompute import memory
-        from mbridge_recompute.plan.pricing import disabled_by
+        from mbridge_recompute.rules.findings import disabled_by
 
         key = setting
         if key not in self._cache:

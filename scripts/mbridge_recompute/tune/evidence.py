@@ -112,8 +112,8 @@ def nemo_run_log(log_dir: Path, exp: str) -> Optional[Path]:
 
 def training_log(run_dir: Path, manifest: Optional[dict]) -> Optional[Path]:
     """The file that holds the run's training output (module docstring)."""
+    from mbridge_recompute.inputs.harness_argv import HarnessArgv
     from mbridge_recompute.logs.runlog import LOG
-    from mbridge_recompute.runs.harness_argv import HarnessArgv
 
     argv = HarnessArgv.of_command((manifest or {}).get("argv") or [], (manifest or {}).get("bridge_release"))
     log_dir, exp = argv.value("--log_dir"), argv.value("--wandb_experiment_name")

@@ -372,7 +372,7 @@ class Tuner:
 def check_passthrough_matches(w, passthrough: list) -> list:
     """Rejected when the harness arguments run another job than the workload plans (the plan
     would be of a different job); the sizes they leave to the recipe, as notes."""
-    from mbridge_recompute.runs.harness_argv import HarnessArgv
+    from mbridge_recompute.inputs.harness_argv import HarnessArgv
 
     pairs = (("-ng", "--num_gpus", w.num_gpus, "cluster.num_gpus"),
              ("-tp", "--tensor_model_parallel_size", w.tensor_model_parallel_size,

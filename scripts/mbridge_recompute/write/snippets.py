@@ -89,8 +89,8 @@ def _py(value) -> str:
 def _scalar(value) -> str:
     """A Hydra override value: null, true, 4, selective, [a,b]; a string that would read as
     something else (a number, null, a layout with '|' or '*') is quoted. Checked by reading it back
-    with the override grammar (runs/harness_argv.parse_value)."""
-    from mbridge_recompute.runs.harness_argv import parse_value
+    with the override grammar (inputs/harness_argv.parse_value)."""
+    from mbridge_recompute.inputs.harness_argv import parse_value
 
     text = _hydra_text(value)
     if _plain(parse_value(text)) != _plain(value):

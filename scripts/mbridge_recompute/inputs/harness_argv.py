@@ -35,7 +35,7 @@ from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import Optional
 
-from mbridge_recompute.logs.runlog import is_option
+from mbridge_recompute.facts import bridge_flags
 
 # the scripts that start a rank (or the experiment); what follows one is the harness's own argv
 ENTRY_SCRIPTS = ("bootstrap.py", "run_script.py", "run_recipe.py", "setup_experiment.py")
@@ -196,9 +196,7 @@ class HarnessArgv:
 @lru_cache(maxsize=None)
 def _table(release: str) -> tuple:
     """({spelling: entry}, {canonical: entry}) of the release's harness flags."""
-    from mbridge_recompute.runs import bridge
-
-    entries = bridge.flags(release)
+    entries = bridge_flags.flags(release)
     return {sp: e for e in entries for sp in e["flags"]}, {e["flags"][-1]: e for e in entries}
 
 
@@ -548,3 +546,21 @@ def _int_or_text(text):
         return int(text)
     except (TypeError, ValueError):
         return text
+
+
+def is_option(tok: str) -> bool:
+    """Whether a token of a run's command line is an option (`-x`, `--flag`, `--k=v`) rather
+    than a value: a lone `-` and negative numbers (`-1`, `-1e-5`) are values."""
+    if not tok.startswith("-") or len(tok) == 1:
+        return False
+    try:
+        float(tok)
+        return False
+    except ValueError:
+        return True
+
+
+def check_passthrough(tokens: list, key: str) -> list:
+    """Problems a release's harness parser (or Hydra, which gets what the parser leaves) would hit
+    with `tokens`, before any GPU time, read as the rank reads them."""
+    return HarnessArgv.parse(tokens, key).problems

@@ -31,10 +31,8 @@ import re
 from typing import Any
 
 from mbridge_recompute.errors import InputError
-from mbridge_recompute.files import LIMITS, MAX_DEPTH, MAX_INT_DIGITS, MAX_NODES
+from mbridge_recompute.limits import MAX_DEPTH, MAX_DOCUMENT_BYTES, MAX_INT_DIGITS, MAX_NODES
 
-# text handed over without a file (a --set value, a recipe's dump) is bounded like the largest file
-MAX_BYTES = max(v for k, v in LIMITS.items() if k != "log")
 _SURROGATE = re.compile("[\ud800-\udfff]")
 _INTISH = re.compile(r"^[-+]?[0-9][0-9_]*$|^[-+]?0[xob][0-9a-fA-F_]+$")
 
@@ -87,8 +85,8 @@ def _is_text_key(event) -> bool:
 def scan(text: str, where: str) -> None:
     """Refuse a YAML text whose construction or use would be unbounded or ambiguous."""
     yaml = _yaml()
-    if len(text) > MAX_BYTES:
-        raise InputError(where, f"is {len(text)} characters; at most {MAX_BYTES} are read")
+    if len(text) > MAX_DOCUMENT_BYTES:
+        raise InputError(where, f"is {len(text)} characters; at most {MAX_DOCUMENT_BYTES} are read")
     stack: list[_Frame] = []
     anchors: dict = {}          # anchor -> expanded size, once its node is complete
     open_anchors: set = set()
@@ -226,8 +224,8 @@ def load_text(text: str, where: str) -> Any:
 def load_json_text(text: str, where: str, path: str = "") -> Any:
     """A bounded JSON document: integer digits, duplicate keys, nesting and lone surrogates."""
     named = f"{path} " if path else ""
-    if len(text) > MAX_BYTES:
-        raise InputError(where, f"is {len(text)} characters; at most {MAX_BYTES} are read")
+    if len(text) > MAX_DOCUMENT_BYTES:
+        raise InputError(where, f"is {len(text)} characters; at most {MAX_DOCUMENT_BYTES} are read")
 
     def _int(digits: str) -> int:
         if len(digits.lstrip("-")) > MAX_INT_DIGITS:
