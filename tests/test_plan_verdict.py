@@ -98,3 +98,28 @@ def test_no_measured_case_is_said_to_fit_a_budget_its_run_exceeded(case):
     # the band of the measured rank reaches above what was measured
     assert cand.band_edges(rank)[1] > budget, (case, cand.band_edges(rank), budget)
     assert verdict(cand, budget) != "fits"
+
+
+def test_a_workload_rejected_under_every_setting_never_fits_and_exits_1():
+    """MXFP8 on H100 is refused whatever recompute does (mxfp8-needs-sm100): the memory figures
+    may all fit, but the plan says `fits` false and exits 1, with the refusal on its first lines
+    and the recommendation worded as holding only once the workload is fixed."""
+    from conftest import run_script
+
+    args = [str(EXAMPLES / "llama3_70b_fp8.yaml"), "--set", "model.fp8_recipe=mxfp8",
+            "--set", "cluster.gpu=H100"]
+    r = plan(load_workload(args[0], sets=args[2::2])).to_dict()
+    assert [f["id"] for f in r["workload_findings"]] == ["mxfp8-needs-sm100"]
+    assert not r["fits"] and r["verdict"] == "no"
+    rec = r["recommendation"]             # its memory alone would fit: the refusal decides
+    assert rec["band_upper_bytes"] <= r["budget_bytes"] and not rec["fits"]
+    text = run_script("plan", *args)
+    assert text.returncode == 1, text.stderr
+    first = text.stdout.splitlines()[:4]
+    assert first[0].startswith("REJECTED under every recompute setting")
+    assert any("mxfp8-needs-sm100" in line for line in first)
+    assert "recommendation once the workload is fixed:" in text.stdout
+    assert "\nrecommendation: " not in text.stdout
+    # the same workload on Blackwell is accepted and fits
+    ok = run_script("plan", args[0], "--set", "model.fp8_recipe=mxfp8", "--set", "cluster.gpu=B200")
+    assert ok.returncode == 0 and "REJECTED" not in ok.stdout, ok.stdout[-2000:]

@@ -205,8 +205,12 @@ def check_plan(text: str, j: dict) -> int:
     assert (f"current setting {cur['describe']}: predicted peak {gb(cur['peak_bytes'])} GB (band "
             f"{gb(cur['band_lower_bytes'])}-{gb(cur['band_upper_bytes'])} GB)") in flat
     rec = j["recommendation"]
+    if j["workload_findings"]:      # refused under every setting: said first, and the answer waits
+        assert flat.startswith("REJECTED under every recompute setting")
+        assert all(f["id"] in flat.split("workload:")[0] for f in j["workload_findings"])
+    said = "recommendation once the workload is fixed: " if j["workload_findings"] else "recommendation: "
     if rec:
-        assert (f"recommendation: {rec['describe']} ({rec['name']}): predicted peak "
+        assert (f"{said}{rec['describe']} ({rec['name']}): predicted peak "
                 f"{gb(rec['peak_bytes'])} GB (band {gb(rec['band_lower_bytes'])}-"
                 f"{gb(rec['band_upper_bytes'])} GB) on pp_rank {rec['hottest_pp_rank']}") in flat
         assert {"fits": "fits the", "tight": "TIGHT: the band crosses",

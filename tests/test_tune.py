@@ -380,3 +380,17 @@ def test_a_measurement_the_plan_calls_impossible_stops_the_tune_with_the_plans_r
     report = json.loads(proc.stdout)
     assert report["stop"]["reason"] == "calibration-refused" and "static" in report["stop"]["why"]
     assert report["answer"] is None          # the workload is not the job that ran
+
+
+def test_a_workload_rejected_under_every_setting_starts_no_run(bridge, tmp_path):
+    """MXFP8 on H100 (mxfp8-needs-sm100) cannot run whatever recompute does: tune refuses it
+    with exit 1 in one line, before the first run, launched or not."""
+    repo, env = bridge
+    for launch in ([], ["--launch"]):
+        p = run_script("tune", EXAMPLES / "moonlight_16b.yaml", "--repo", repo, "--set",
+                       "model.fp8=hybrid", "--set", "model.fp8_recipe=mxfp8", "--set", "cluster.gpu=H100",
+                       "--out", tmp_path / "out", *launch, "--", *MOONLIGHT_ARGS,
+                       env={**env, "REPLAY_SWEEP": str(MOONLIGHT)}, timeout=300)
+        assert p.returncode == 1, (p.stdout[-2000:], p.stderr[-2000:])
+        assert p.stderr.count("\n") == 1 and "mxfp8-needs-sm100" in p.stderr, p.stderr
+        assert served(env) == [] and not (tmp_path / "out").exists()

@@ -21,7 +21,8 @@ EPILOG = """examples:
                                                  # the sweep: [] control, the recommendation, 3 neighbours
 
 exit codes: 0 a setting fits at its error band's upper edge, 1 nothing does (tight: the band
-crosses the budget, calibrate first; or nothing fits), 2 unusable input."""
+crosses the budget, calibrate first; or nothing fits; or the workload is rejected under every
+setting), 2 unusable input."""
 
 
 def add_arguments(parser) -> None:
@@ -145,8 +146,14 @@ def render_text(r) -> str:
     wl = r.workload
     gpus = f"{wl['num_gpus']} GPU{'s' if wl['num_gpus'] != 1 else ''}" + (
         "" if wl["num_gpus_given"] else " (assumed: see the first line)")
+    # a workload refused under every setting is said before anything else: no figure below runs
+    head = []
+    if r.workload_findings:
+        head.append("REJECTED under every recompute setting: fix the workload first; the memory "
+                    "figures below hold only once it is fixed (exit 1):")
+        head += [f"  {f['id']}: {f['message']}" for f in r.workload_findings]
     # what the input left open and the loader decided moves every figure below: said first
-    head = [f"note: {note}" for note in wl.get("input_notes", [])]
+    head += [f"note: {note}" for note in wl.get("input_notes", [])]
     head += [f"workload: {wl['architecture']}, {wl['num_layers']} layers, hidden {wl['hidden_size']}; "
             f"defaults: {DEFAULTS.get(wl['defaults_source'], wl['defaults_source'])}",
             f"  precision: {wl['precision']}; {wl['precision_from']}",
@@ -185,7 +192,9 @@ def render_text(r) -> str:
         said.append(f"current setting {cur.setting.describe()}: predicted peak {gb(cur.peak_bytes)} GB "
                     f"{_band_words(cur)}, {_costs(r, cur)}, "
                     + (_verdict_words(cur, r.budget_bytes) if cur.allowed else
-                       "rejected: " + ", ".join(cur.rejected_by)))
+                       "rejected: " + ", ".join(cur.rejected_by))
+                    + ("; rejected as it is: " + ", ".join(f["id"] for f in r.workload_findings)
+                       if r.workload_findings else ""))
     rec = r.recommendation
     if r.free:
         fr = r.free
@@ -201,7 +210,8 @@ def render_text(r) -> str:
         from mbridge_recompute.plan.report import CAVEAT
         from mbridge_recompute.write.snippets import render_all
 
-        out += wrap(f"recommendation: {rec.setting.describe()} ({rec.name}): predicted peak "
+        out += wrap(("recommendation once the workload is fixed: " if r.workload_findings else
+                     "recommendation: ") + f"{rec.setting.describe()} ({rec.name}): predicted peak "
                     f"{gb(rec.peak_bytes)} GB {_band_words(rec)} on pp_rank {rec.hottest_pp_rank}, "
                     f"{_costs(r, rec)}: {_verdict_words(rec, r.budget_bytes)}")
         if r.calibrate_first:
@@ -227,10 +237,6 @@ def render_text(r) -> str:
         out += [""] + wrap(note)
     if r.diagnosis and r.verdict != "tight":       # a tight verdict's advice is under the recommendation
         out += [""] + wrap("nothing fits: " + r.diagnosis)
-    if r.workload_findings:
-        out += ["", "errors under every setting (fix the workload first):"]
-        out += [line for f in r.workload_findings
-                for line in wrap(f"{f['id']}: {f['message']}", "  ", "    ")]
     out += ["", "assumptions:"] + [line for a in r.assumptions for line in wrap(a, "  - ", "    ")]
     return "\n".join(out)
 

@@ -209,6 +209,10 @@ def run(args) -> int:
                    torchrun=args.torchrun, bridge_release=args.bridge_release, timeout=args.timeout,
                    grace=args.grace, force=args.force, parser_check=not args.no_parser_check)
     tuner = Tuner(opts, progress=_progress)
+    refused = tuner.plan0.workload_findings
+    if refused:       # no run of this workload can start: say so before any GPU time
+        raise Rejected("WORKLOAD", f"rejected under every recompute setting ({refused[0]['id']}: "
+                                   f"{refused[0]['message']}); fix it first (check_config.py says how)")
     path = root / store.FILE
     if path.exists():
         st = store.load(path, "--out")

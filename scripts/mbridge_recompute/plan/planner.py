@@ -74,6 +74,11 @@ def plan(w, version=None, **options) -> PlanReport:
         rec, free = free_memory(cands, current, asked.need, target)
         fits = rec is not None
         verdict = "fits" if fits else "no"
+    rejected = errors(pricer.baseline["findings"])
+    if rejected:
+        # megatron-core (or Bridge, or the GPU) refuses the workload under every setting: no
+        # memory figure makes it run, so nothing "fits" and the exit is 1 (the text says why first)
+        fits, verdict = False, "no"
     side_by_side = []
     if q.alternatives:
         from mbridge_recompute.plan import alternatives as alt
@@ -83,7 +88,7 @@ def plan(w, version=None, **options) -> PlanReport:
     estimate = _current_estimate(pricer)
     tight = verdict == "tight" and free is None
     cheaper = None
-    if free is None and rec is not None and rec.fits:
+    if free is None and rec is not None and rec.fits and not rejected:
         # a cheaper setting whose predicted peak fits but whose band crosses the budget: a
         # calibration run can tell whether it is enough
         cheaper = next((c for c in cands if c.allowed and c.verdict == "tight" and c.point_fits
@@ -96,12 +101,12 @@ def plan(w, version=None, **options) -> PlanReport:
         calibrate_first=sentences.calibrate_first(current, (cheaper or rec).upper_bytes, asked.budget,
                                                   cheaper, cheaper or rec, calibration is not None)
         if tight or cheaper is not None else None, cheaper_tight=cheaper,
-        diagnosis=None if fits else sentences.calibrate_first(
+        diagnosis=None if fits or rejected else sentences.calibrate_first(
             current, rec.upper_bytes, asked.budget, None, rec, calibration is not None) if tight
         else (sentences.no_free(free) if free else sentences.no_fit(estimate, rec, asked.budget)),
         calibration=calibration, free=free, per_rank=q.per_rank, alternatives=q.alternatives,
         recompute_recommendation=recompute_rec, side_by_side=side_by_side,
-        workload_findings=errors(pricer.baseline["findings"]), assumptions=[], top=q.top,
+        workload_findings=rejected, assumptions=[], top=q.top,
         release=release)
     _explain(report, pricer, found, asked, q)
     from mbridge_recompute.plan.evidence import memory_notes
