@@ -185,6 +185,43 @@ def test_path_check_catches_a_missing_script_and_a_dead_anchor(tmp_path):
     assert any("scripts/plan_v2.py" in p for p in problems)
 
 
+# a test file of this repository (not an upstream tests/unit_tests/ path), with an optional
+# ::test_name
+TEST_CITATION = re.compile(r"(?<![\w/.-])(tests/test_\w+\.py)(?:::(\w+))?")
+CITING = [*DOCS, *(p for ext in ("py", "yaml", "json") for p in sorted((ROOT / "scripts").rglob(f"*.{ext}"))),
+          *sorted((ROOT / "benchmarks").glob("*.py"))]
+
+
+def missing_test_citations(paths) -> tuple[int, list[str]]:
+    """(how many citations, the ones naming a test file, or a test in it, that does not exist)."""
+    seen, missing = 0, []
+    for path in paths:
+        for rel, name in TEST_CITATION.findall(path.read_text(encoding="utf-8")):
+            seen += 1
+            target = ROOT / rel
+            where = path.relative_to(ROOT) if ROOT in path.parents else path
+            if not target.is_file():
+                missing.append(f"{where}: {rel}")
+            elif name and not re.search(rf"^def {name}\b", target.read_text(), flags=re.M):
+                missing.append(f"{where}: {rel}::{name}")
+    return seen, missing
+
+
+def test_every_test_file_the_code_and_docs_cite_exists():
+    """Docstrings and pages that say which test holds a claim name a test that exists."""
+    seen, missing = missing_test_citations(CITING)
+    assert missing == [] and seen > 20
+
+
+def test_test_citation_check_catches_a_missing_file_and_a_missing_test(tmp_path):
+    doc = tmp_path / "x.py"
+    doc.write_text('"""tests/test_nope.py and tests/test_card.py::test_nope hold it; '
+                   'tests/unit_tests/test_random.py is upstream."""\n')
+    seen, missing = missing_test_citations([doc])
+    assert seen == 2 and [m.split(": ")[1] for m in missing] == [
+        "tests/test_nope.py", "tests/test_card.py::test_nope"]
+
+
 def test_skill_md_links_every_reference_and_says_when_to_read_it():
     names = {p.name for p in REFERENCES}
     assert REQUIRED_REFERENCES <= names

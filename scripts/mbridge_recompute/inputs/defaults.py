@@ -13,9 +13,10 @@ three disagree on fields the memory model reads:
   deallocated, softmax in the input dtype, learned absolute positions).
 
 Each entry is (value, where upstream sets it). Only fields the memory model reads are listed;
-tests/test_defaults_by_source.py checks the Bridge table against megatron-bridge 0.6.2's
-dataclasses (data/upstream_fields.json) and the Megatron-LM table against Megatron-LM's own
-parser in the megatron-core 0.19.2 environment.
+tests/test_upstream_fields.py checks the Bridge tables against megatron-bridge 0.6.2's provider
+dataclasses (data/upstream_fields.json); tests/test_mlm_args.py checks that a Megatron-LM workload
+gets the Megatron-LM table and that the written-down argument definitions it is read with agree
+with Megatron-LM's own parser in the megatron-core 0.19.2 environment.
 """
 
 from __future__ import annotations
