@@ -17,7 +17,7 @@ import shutil
 import pytest
 import yaml
 
-from mbridge_recompute.facts import card, docs
+from mbridge_recompute.facts import card, docs, releases
 from mbridge_recompute.facts.card_schema import check_file, validate
 
 from conftest import ROOT
@@ -546,6 +546,51 @@ def test_labels_reference_dates_gdn_norm_out_and_the_graph_capture_skip_by_the_c
     main_only = next(ln for ln in text.splitlines() if ln.startswith("### Main only"))
     assert set(re.findall(r"`(\w+)`", main_only)) == {
         e["label"] for e in card.load()["labels"] if e["releases"] == "main"}
+
+
+MECHANISMS = {"tensor_parallel.checkpoint": lambda m: m.startswith("tensor_parallel.checkpoint"),
+              "te_checkpoint": lambda m: "te_checkpoint" in m,
+              "CheckpointWithoutOutput": lambda m: m.startswith("CheckpointWithoutOutput")}
+
+
+def used_by(cell: str) -> dict:
+    """label -> the release qualifier it is listed under in a `used by` cell ('' for none):
+    "`a`, `b`; from 0.19: `c`; main only: `d`"."""
+    out = {}
+    for part in cell.split(";"):
+        head, sep, _rest = part.partition(":")
+        qualifier = head.strip() if sep and "`" not in head else ""
+        for label in re.findall(r"`(\w+)`", part):
+            out[label] = qualifier
+    return out
+
+
+def test_labels_reference_mechanism_table_follows_the_card():
+    """references/labels.md's checkpoint-mechanism table lists under each mechanism the labels
+    whose card `mechanism` uses it, each under the releases the card gives it: unqualified for
+    every release, `from X` for X and later, `main only` for main (a 0.19 label listed as
+    `main:` was wrong)."""
+    text = (ROOT / "references" / "labels.md").read_text()
+    section = text.split("## The three checkpoint mechanisms", 1)[1].split("\n## ", 1)[0]
+    rows = {}
+    for line in section.splitlines():
+        cells = [c.strip() for c in line.split("|")[1:-1]]
+        m = re.match(r"`(\w+(?:\.\w+)?)`", cells[0]) if len(cells) == 4 else None
+        if m:
+            rows[m.group(1)] = used_by(cells[3])
+    assert set(rows) == set(MECHANISMS)
+    labels = card.load()["labels"]
+    numbered = [k for k in releases.keys() if k != "main"]
+    for mechanism, uses in MECHANISMS.items():
+        want = {e["label"] for e in labels if uses(e["mechanism"])}
+        assert set(rows[mechanism]) == want, mechanism
+        for e in labels:
+            if e["label"] not in rows[mechanism]:
+                continue
+            q = rows[mechanism][e["label"]]
+            spec = ({"": f"{numbered[0]}-main", "main only": "main"}.get(q)
+                    or (q.removeprefix("from ") + "-main" if q.startswith("from ") else None))
+            assert spec == e["releases"], (mechanism, e["label"], q, e["releases"])
 
 
 def test_every_citation_abbreviation_names_a_file_of_megatron_lm():
