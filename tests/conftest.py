@@ -51,6 +51,22 @@ def run_script(tool: str, *args: str, cwd: str | os.PathLike | None = None,
                           stdin=subprocess.DEVNULL, timeout=timeout)
 
 
+def run_in_process(*argv) -> tuple:
+    """(exit code, stdout, stderr) of one tool run in-process, as its script runs it."""
+    import contextlib
+    import io
+
+    from mbridge_recompute.cli import main
+
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        try:
+            main([str(a) for a in argv])
+        except SystemExit as exc:
+            return exc.code, out.getvalue(), err.getvalue()
+    return None, out.getvalue(), err.getvalue()
+
+
 @pytest.fixture
 def run_tool():
     return run_script

@@ -23,7 +23,7 @@ from mbridge_recompute.inputs import fields as upstream_fields
 from mbridge_recompute.inputs.loading import load_workload
 from mbridge_recompute.workload import FIELD_NAMES, section_fields
 
-from conftest import EXAMPLES, ROOT, run_script
+from conftest import EXAMPLES, ROOT, run_in_process, run_script
 
 # recipe -> what kind of stack it is
 SWEEP = {
@@ -125,7 +125,7 @@ def test_every_dump_plans_on_its_recipes_gpu_count(dumps):
     exits = {}
     for stem, path in dumps.items():
         gpus = _recipe_gpus(stem)
-        code, out, err = _tool("plan", path, "--mcore-version", VERSION, "--set",
+        code, out, err = run_in_process("plan", path, "--mcore-version", VERSION, "--set",
                                f"cluster.num_gpus={gpus}", "--json")
         report = json.loads(out)
         exits[stem] = code
@@ -165,7 +165,7 @@ def test_without_a_gpu_count_every_dump_assumes_a_world_size_megatron_core_accep
 ])
 def test_an_expert_parallel_recipe_is_not_planned_on_fewer_gpus_than_megatron_core_accepts(
         dumps, stem, gpus, was):
-    code, out, _ = _tool("plan", dumps[stem], "--mcore-version", VERSION, "--json")
+    code, out, _ = run_in_process("plan", dumps[stem], "--mcore-version", VERSION, "--json")
     wl = json.loads(out)["workload"]
     assert wl["num_gpus"] == gpus and gpus > was, (stem, wl["num_gpus"])
     assert wl["tp"] * wl["pp"] * wl["cp"] == was, stem          # what TP x PP x CP alone gave
@@ -176,7 +176,7 @@ def test_the_llama3_70b_fp8cs_perf_recipe_on_its_64_gpus_needs_no_recompute(dump
     """On the 32 GPUs TP 4 x PP 8 alone gives (one data-parallel replica) the optimizer state is
     unsharded and full block:1 recompute looks necessary; on the recipe's 64 it is not."""
     path = dumps["llama3_70b_pretrain_64gpu_h100_fp8cs_config"]
-    at64, at32 = (json.loads(_tool("plan", path, "--mcore-version", VERSION, "--set",
+    at64, at32 = (json.loads(run_in_process("plan", path, "--mcore-version", VERSION, "--set",
                                    f"cluster.num_gpus={n}", "--json")[1]) for n in (64, 32))
     assert at64["recommendation"]["name"] == "none" and at64["workload"]["dp"] == 2
     assert at32["recommendation"]["name"] != "none"
@@ -189,7 +189,7 @@ def test_a_lora_recipe_plans_as_lora_on_the_gpus_it_runs_on(dumps, stem, gpus):
     """GLM-4.5-Air LoRA on 8 GPUs and Nemotron Nano 12B v2 LoRA on 1 (real Bridge 0.6.2 recipes that
     run there) fit: the base keeps only its weights; gradients and optimizer state are the
     adapters' (12 bytes per adapter parameter without the distributed optimizer, mixed precision)."""
-    code, out, err = _tool("plan", dumps[stem], "--mcore-version", VERSION, "--set",
+    code, out, err = run_in_process("plan", dumps[stem], "--mcore-version", VERSION, "--set",
                            f"cluster.num_gpus={gpus}", "--json")
     report = json.loads(out)
     assert code == 0 and report["fits"], (stem, report.get("diagnosis"), report.get("error"))
@@ -260,28 +260,13 @@ def test_fields_that_can_change_memory_are_named_not_dropped(dumps):
     assert any(n.startswith("model.linear_attention_freq=") for n in gdn.not_modelled)
 
 
-def _tool(*argv) -> tuple:
-    """(exit code, stdout, stderr) of one tool run in-process, as its script runs it."""
-    import contextlib
-    import io
-
-    from mbridge_recompute.cli import main
-
-    out, err = io.StringIO(), io.StringIO()
-    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-        try:
-            main([str(a) for a in argv])
-        except SystemExit as exc:
-            return exc.code, out.getvalue(), err.getvalue()
-    return None, out.getvalue(), err.getvalue()
-
-
 def test_every_dump_checks_with_no_edit(dumps):
     proc = run_script("check", dumps["llama3_8b_pretrain_2gpu_h100_bf16_config"], "--validator", "builtin",
                       "--mcore-version", VERSION, "--json")     # once as the script, then in-process
     assert proc.returncode == 0 and proc.stderr == "", proc.stderr
     for stem, path in dumps.items():
-        code, out, err = _tool("check", path, "--validator", "builtin", "--mcore-version", VERSION, "--json")
+        code, out, err = run_in_process("check", path, "--validator", "builtin", "--mcore-version", VERSION,
+                                        "--json")
         assert code in (0, 1) and err == "", (stem, err)
         report = json.loads(out)
         error_ids = {f["id"] for f in report["findings"] if f["severity"] == "error"}
@@ -291,7 +276,7 @@ def test_every_dump_checks_with_no_edit(dumps):
 
 def test_every_dump_plans_with_no_edit(dumps):
     for stem, path in dumps.items():
-        code, out, err = _tool("plan", path, "--mcore-version", VERSION, "--json")
+        code, out, err = run_in_process("plan", path, "--mcore-version", VERSION, "--json")
         assert code in (0, 1) and "Traceback" not in err, (stem, err)
         report = json.loads(out)
         if stem in KNOWN_ERRORS:   # plan estimates nothing for a workload with an error finding
@@ -457,7 +442,7 @@ def test_no_dump_is_warned_about_a_setting_at_a_value_that_does_nothing(dumps):
     nothing; the ones that remain can move the peak, largest possible effect first."""
     counts = {}
     for stem, path in dumps.items():
-        code, out, err = _tool("plan", path, "--mcore-version", VERSION, "--json")
+        code, out, err = run_in_process("plan", path, "--mcore-version", VERSION, "--json")
         warnings = json.loads(out)["warnings"]
         assert not {f["field"] for f in warnings} & INERT_ON_EVERY_DUMP, stem
         assert all(f["value"] != "null" for f in warnings), stem
@@ -472,7 +457,7 @@ def test_no_dump_is_warned_about_a_setting_at_a_value_that_does_nothing(dumps):
 def test_the_peft_dump_warns_only_about_its_own_layer_spec(dumps):
     """LoRA is planned (inputs/peft.py, memory/lora.py), so it is no warning; OLMoE's own layer
     spec is the one setting left, and the model cannot size it."""
-    code, out, err = _tool("plan", dumps["olmoe_7b_peft_1gpu_h100_bf16_config"], "--mcore-version",
+    code, out, err = run_in_process("plan", dumps["olmoe_7b_peft_1gpu_h100_bf16_config"], "--mcore-version",
                            VERSION, "--json")
     warnings = json.loads(out)["warnings"]
     assert [f["field"] for f in warnings] == ["transformer_layer_spec"]

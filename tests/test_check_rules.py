@@ -387,7 +387,9 @@ def test_auto_prefers_live_when_megatron_core_is_installed():
 
 def test_bridge_validation_degrades_to_an_info_finding_when_bridge_is_not_importable(live_check):
     """Megatron Bridge cannot import on this machine (it needs Transformer Engine)."""
-    assert live.bridge_available() is False
+    from mbridge_recompute.rules import bridge_live
+
+    assert bridge_live.available() is False
     report = live_check(wl(**sel()))
     f = one(report, "bridge-validation-unavailable")
     assert f["severity"] == "info" and report["ok"] is True

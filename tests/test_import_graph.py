@@ -87,8 +87,9 @@ GRAPH = {m: {d for d in _imports(p) if d != m} for m, p in MODULES.items()}
 
 def test_the_reader_of_the_graph_sees_deferred_and_from_imports():
     # a deferred import inside a function, and a `from PACKAGE import MODULE`, are both edges
+    # render_text imports plan.report (CAVEAT) inside the function, commands/plan.py nowhere else
+    assert "mbridge_recompute.plan.report" in GRAPH["mbridge_recompute.commands.plan"]
     assert "mbridge_recompute.memory.lora" in GRAPH["mbridge_recompute.memory.shape"]
-    assert "mbridge_recompute.rules.bridge_live" in GRAPH["mbridge_recompute.rules.live"]
     assert "mbridge_recompute.yamlio" in GRAPH["mbridge_recompute.files"]
     assert _cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
 

@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 
 from mbridge_recompute.output import WIDTH, shell_lines, table, width, wrap
 
-from conftest import EXAMPLES, ROOT, run_script
+from conftest import EXAMPLES, ROOT, run_in_process, run_script
 
 
 def _longest(text: str) -> int:
@@ -139,21 +139,6 @@ def test_a_table_of_short_words_always_fits_the_width(rows, cols, extra):
 
 
 # ----------------------------------------------------------------- every tool, every example
-def _invoke(*argv) -> tuple:
-    """(exit code, stdout, stderr) of one tool run in-process, as its script runs it."""
-    import contextlib
-    import io
-
-    from mbridge_recompute.cli import main
-
-    out, err = io.StringIO(), io.StringIO()
-    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-        try:
-            main([str(a) for a in argv])
-        except SystemExit as exc:
-            return exc.code, out.getvalue(), err.getvalue()
-    return None, out.getvalue(), err.getvalue()
-
 
 WORKLOADS = sorted(EXAMPLES.glob("*.yaml"))
 RUN_SETS = sorted(p for p in (EXAMPLES / "logs").iterdir() if p.is_dir() and (p / "empty").is_dir())
@@ -172,7 +157,7 @@ def _cases(tmp: Path) -> list:
 
     checkout = standin.make_checkout(tmp / "bridge", "main", tests=True)
     plan_json = tmp / "plan.json"
-    code, out, _ = _invoke("plan", EXAMPLES / "moonlight_16b.yaml", "--top", "3", "--json")
+    code, out, _ = run_in_process("plan", EXAMPLES / "moonlight_16b.yaml", "--top", "3", "--json")
     plan_json.write_text(out)
     cases = [("plan",), ("check",), ("config", "--modules", "moe_act,layernorm")]
     for w in WORKLOADS:
@@ -196,7 +181,7 @@ def test_every_tool_fits_100_columns_on_every_example(tmp_path, monkeypatch):
     monkeypatch.setenv("PYTEST_DISABLE_PLUGIN_AUTOLOAD", "1")     # `tests` runs a real pytest
     wide = []
     for case in _cases(tmp_path):
-        code, out, err = _invoke(*case)
+        code, out, err = run_in_process(*case)
         assert code in (0, 1), (case, err[-2000:])
         lines = out.splitlines() + [ln for ln in err.splitlines() if not ln.startswith("error:")]
         if case[0] == "tests":           # pytest's own output on stderr is not ours

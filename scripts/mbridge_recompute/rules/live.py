@@ -32,24 +32,17 @@ from typing import Optional
 
 from mbridge_recompute.facts import card, releases
 from mbridge_recompute.inputs.values import TE_ABSENT
-from mbridge_recompute.rules import builtin
+from mbridge_recompute.rules import bridge_live, builtin
 from mbridge_recompute.rules.findings import finding, report
 from mbridge_recompute.rules.mcore_config import config_kwargs, te_importable
 
 # The files whose raise/warn sites __post_init__ runs, by the card's abbreviations.
 CONFIG_FILES = {a: PurePath(card.load()["abbreviations"][a]).name for a in ("tc", "mpc", "cgc")}
+
+
 def mcore_available() -> bool:
     """Is megatron-core installed (without importing it: that pulls torch)."""
     return releases.installed_mcore_version() is not None
-
-
-def bridge_available() -> bool:
-    import importlib.util
-
-    try:
-        return importlib.util.find_spec("megatron.bridge") is not None
-    except (ImportError, ValueError):
-        return False
 
 
 # ------------------------------------------------------------------ building the config
@@ -221,7 +214,7 @@ def check(w, version: Optional[str] = None, te_version: Optional[str] = None) ->
                                 "Set cluster.te_version to decide it.")
             findings.append(f)
 
-    bridge_live_runs = bridge_available() and w.defaults_source != "megatron-lm"
+    bridge_live_runs = bridge_live.available() and w.defaults_source != "megatron-lm"
     for f in ev.findings:
         if f["id"] in live_ids or (bridge_live_runs and f["kind"] == "bridge"):
             continue           # Bridge's own checks are decided by Bridge below
@@ -268,8 +261,6 @@ def _bridge_findings(w, key: str, ev) -> list:
     """Megatron Bridge's own validation, run for real (rules/bridge_live.py): the check Bridge
     raised is decided by Bridge, the Bridge checks after it come from the built-in table (Bridge
     stopped before them), the ones before it passed."""
-    from mbridge_recompute.rules import bridge_live
-
     try:
         out = bridge_live.run(w)
     except Exception as exc:   # noqa: BLE001 - Bridge import or build failures are environment facts
