@@ -195,19 +195,14 @@ def test_an_offset_that_takes_a_static_part_below_zero_is_refused():
     assert exc.value.field == "--measured-peak-gb" and "static part" in exc.value.reason
 
 
-def test_claim_the_calibrated_moonlight_example_names_moe_act_to_confirm():
-    """README and SKILL.md: `--measured-peak-gb 36.618 --budget-gb 37.7` on Moonlight asks for
-    about 0.5 GB below the measured [] control (the budget is device memory: the allocated
-    figure plus the model's residual); moe_act is the cheapest setting predicted to fit, and as
-    its calibrated band crosses the budget (the model's savings were up to 2x too large on this
-    sweep) the plan names it as the cheaper setting to confirm with a 2-iteration run."""
+def test_the_calibrated_moonlight_example_asks_for_half_a_gigabyte_below_the_control():
+    """README and SKILL.md's example, `--measured-peak-gb 36.618 --budget-gb 37.7` on Moonlight:
+    the control is anchored at the measured figure plus the model's residual (the budget is
+    device memory), about 0.5 GB over the budget. What the plan then recommends is
+    tests/test_skill_claims.py's claim."""
     p = run_script("plan", MOONLIGHT, "--measured-peak-gb", "36.618", "--budget-gb", "37.7", "--json")
     assert p.returncode == 0, p.stderr
     r = _json(p)
-    named = r["cheaper_if_calibrated"] or r["recommendation"]
-    assert named["name"] == "moe_act" and r["recommendation"]["fits"]
-    if r["cheaper_if_calibrated"]:
-        assert r["calibrate_first"].startswith("confirm first") and "'moe_act'" in r["calibrate_first"]
     residual = r["ranks"][0]["static"]["residual"]
     control = next(c for c in r["candidates"] if c["name"] == "[]")
     assert control["peak_bytes"] == int(36.618 * GB) + residual

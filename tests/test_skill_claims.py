@@ -536,6 +536,27 @@ def test_claim_vpp_10_frees_memory_on_rank_0_and_halves_the_bubble_of_the_embedd
     assert "1.19 GB on rank 0" in SKILL_TEXT and "3.75% → 1.88%" in SKILL_TEXT
 
 
+def test_claim_the_calibrated_moonlight_example_recommends_block_11_and_names_moe_act_to_confirm():
+    """SKILL.md's and README's Moonlight example: anchored on the measured [] control with a budget
+    0.5 GB below it, the plan recommends the cheapest setting whose band fits (full block 11) and
+    names moe_act, whose predicted peak fits but whose calibrated band crosses the budget, as the
+    cheaper setting to confirm first with a 2-iteration run of it."""
+    d = _plan(str(EXAMPLES / "moonlight_16b.yaml"), "--measured-peak-gb", "36.618", "--budget-gb", "37.7")
+    rec, cheaper = d["recommendation"], d["cheaper_if_calibrated"]
+    assert (d["verdict"], rec["verdict"], d["fits"]) == ("fits", "fits", True)
+    assert cheaper["verdict"] == "tight" and cheaper["point_fits"] and cheaper["cost_pct"] < rec["cost_pct"]
+    assert d["calibrate_first"].startswith("confirm first") and f"'{cheaper['name']}'" in d["calibrate_first"]
+    assert "-ms 2" in d["calibrate_first"]
+    skill = " ".join(SKILL_TEXT.split())
+    assert (f"`--measured-peak-gb 36.618 --budget-gb 37.7` recommends `{rec['name']}` "
+            f"({rec['replay_pct']:.2f}% replay), whose band fits, and names the cheaper "
+            f"`{cheaper['name']}` to confirm first with a 2-iteration run") in skill
+    readme = " ".join((ROOT / "README.md").read_text().split())
+    assert f"It recommends `{rec['name']}` ({rec['replay_pct']:.2f} % replay)" in readme
+    assert f"`{cheaper['name']}`, the boundary the published sweep" in readme
+    assert "the cheaper setting to confirm first with a 2-iteration run" in readme
+
+
 def test_claim_missing_fields_take_megatron_core_or_bridge_defaults_and_the_first_line_says_whose():
     ours = run_script("plan", "--mcore-version", "0.19.2")
     dump = run_script("plan", str(EXAMPLES / "bridge_dump_llama3_8b.yaml"), "--mcore-version", "0.19.2")
