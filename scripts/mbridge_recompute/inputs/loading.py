@@ -469,6 +469,12 @@ def revalidate(w: Workload, version: releases.ReleaseLike) -> Workload:
     return w
 
 
+def _divides(field: str, part: int, whole_name: str, whole: int) -> None:
+    """`part` must divide `whole`, as TransformerConfig / the model's shapes require."""
+    if whole % part:
+        raise InputError(field, f"{part} does not divide {whole_name}={whole}")
+
+
 def validate(w: Workload, version: releases.ReleaseLike) -> None:
     """Consistency checks that make a workload meaningless (exit 2), not constraint findings."""
     if w.gpu is not None:
@@ -476,13 +482,10 @@ def validate(w: Workload, version: releases.ReleaseLike) -> None:
 
         resolve(w.gpu)           # an unknown GPU name: exit 2 listing the known ones
     tp = w.tensor_model_parallel_size
-    if w.num_attention_heads % tp:
-        raise InputError("model.tensor_model_parallel_size",
-                         f"{tp} does not divide num_attention_heads={w.num_attention_heads}")
-    if w.num_query_groups and w.num_attention_heads % w.num_query_groups:
-        raise InputError("model.num_query_groups",
-                         f"{w.num_query_groups} does not divide num_attention_heads="
-                         f"{w.num_attention_heads}")
+    _divides("model.tensor_model_parallel_size", tp, "num_attention_heads", w.num_attention_heads)
+    if w.num_query_groups:
+        _divides("model.num_query_groups", w.num_query_groups, "num_attention_heads",
+                 w.num_attention_heads)
     groups = w.heads_kv
     if not w.multi_latent_attention and groups % tp and tp % groups:
         # TP ranks split the query groups, or share one (groups < TP): TransformerConfig raises
@@ -511,10 +514,9 @@ def validate(w: Workload, version: releases.ReleaseLike) -> None:
     if isinstance(w.moe_layer_freq, list) and len(w.moe_layer_freq) != w.num_layers:
         raise InputError("model.moe_layer_freq",
                          f"has {len(w.moe_layer_freq)} entries for num_layers={w.num_layers}")
-    if w.is_moe and w.num_moe_experts % w.expert_model_parallel_size:
-        raise InputError("model.expert_model_parallel_size",
-                         f"{w.expert_model_parallel_size} does not divide num_moe_experts="
-                         f"{w.num_moe_experts}")
+    if w.is_moe:
+        _divides("model.expert_model_parallel_size", w.expert_model_parallel_size, "num_moe_experts",
+                 w.num_moe_experts)
     if w.is_moe and w.moe_router_topk > w.num_moe_experts:
         raise InputError("model.moe_router_topk",
                          f"{w.moe_router_topk} exceeds num_moe_experts={w.num_moe_experts}")

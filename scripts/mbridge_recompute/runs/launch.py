@@ -120,15 +120,11 @@ def launch_run(run: PlannedRun, base_manifest: dict, timeout: Optional[float], g
                 proc.wait(timeout=timeout)
         except subprocess.TimeoutExpired:
             manifest["timed_out"] = True
-            manifest["ended_by"] = procgroup.end_group(proc, grace)
         except procgroup.Terminated as sig:
             manifest.update(interrupted=True, signal=sig.name)
-            manifest["ended_by"] = procgroup.end_group(proc, grace)
-        else:
-            # the leader is done; anything it left in its group (a stuck worker) goes too
-            manifest["leftover"] = procgroup.end_leftovers(proc, grace)
-        # what left the group (setsid, a double fork) was re-parented here: it goes as well
-        orphans = procgroup.end_orphans(before, grace)
+        stopped = manifest["timed_out"] or manifest["interrupted"]
+        ended, orphans = procgroup.wind_up(proc, before, grace, stopped)
+        manifest["ended_by" if stopped else "leftover"] = ended
         if orphans:
             manifest["orphans_ended"] = len(orphans)
     manifest.update(ended_at=_now(), duration_s=round(time.monotonic() - t0, 3), returncode=proc.returncode)

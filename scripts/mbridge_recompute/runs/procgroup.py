@@ -240,3 +240,12 @@ def end_leftovers(proc: subprocess.Popen, grace: float) -> Optional[str]:
     if not group_alive(proc.pid):
         return None
     return end_group(proc, grace)
+
+
+def wind_up(proc: subprocess.Popen, before: set, grace: float, stopped: bool) -> tuple:
+    """(how the group was ended, the orphans ended) once a leader is done: a leader that was
+    stopped (timed out, signalled) takes its whole group with it; one that exited leaves only
+    what stayed in its group (a stuck worker, a test's stray subprocess). Either way, what left
+    the group (setsid, a double fork) and was re-parented here goes as well."""
+    ended = end_group(proc, grace) if stopped else end_leftovers(proc, grace)
+    return ended, end_orphans(before, grace)

@@ -394,13 +394,8 @@ def run_tests(repo: str, suite_name: Optional[str] = None, keyword: Optional[str
                         pos, partial = _tail(out_file, pos, echo, partial)
             except procgroup.Terminated as sig:
                 report.update(interrupted=True, signal=sig.name)
-            if report["timed_out"] or report["interrupted"]:
-                report["ended_by"] = procgroup.end_group(proc, GRACE)
-            else:
-                # pytest is done; a test's stray subprocess (holding the output open) goes too
-                report["ended_by"] = procgroup.end_leftovers(proc, GRACE)
-            # what left the group (setsid, a double fork) was re-parented here: it goes as well
-            orphans = procgroup.end_orphans(before, GRACE)
+            report["ended_by"], orphans = procgroup.wind_up(
+                proc, before, GRACE, report["timed_out"] or report["interrupted"])
             if orphans:
                 report["orphans_ended"] = len(orphans)
             pos, partial = _tail(out_file, pos, echo, partial)
