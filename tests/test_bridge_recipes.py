@@ -117,6 +117,8 @@ def _recipe_gpus(stem: str) -> int:
 # docstring calls it a "1024-GPU layout" (perf_recipes/deepseek/h100/deepseek_v3.py:161 @ 0.6.2),
 # and PP 8 x EP 64 x ETP 1 = 512 does not divide 64.
 NAME_COUNT_REFUSED = {"deepseek_v3_pretrain_64gpu_h100_bf16_config": 512}
+
+
 def test_every_dump_plans_on_its_recipes_gpu_count(dumps):
     """Each recipe is laid out for the GPUs its name gives (Bridge 0.6.2 names every recipe so,
     e.g. llama3_70b_pretrain_64gpu_h100_fp8cs_config); planned there, each exits 0 with that world
@@ -126,7 +128,7 @@ def test_every_dump_plans_on_its_recipes_gpu_count(dumps):
     for stem, path in dumps.items():
         gpus = _recipe_gpus(stem)
         code, out, err = run_in_process("plan", path, "--mcore-version", VERSION, "--set",
-                               f"cluster.num_gpus={gpus}", "--json")
+                                        f"cluster.num_gpus={gpus}", "--json")
         report = json.loads(out)
         exits[stem] = code
         if stem in NAME_COUNT_REFUSED:
@@ -177,7 +179,7 @@ def test_the_llama3_70b_fp8cs_perf_recipe_on_its_64_gpus_needs_no_recompute(dump
     unsharded and full block:1 recompute looks necessary; on the recipe's 64 it is not."""
     path = dumps["llama3_70b_pretrain_64gpu_h100_fp8cs_config"]
     at64, at32 = (json.loads(run_in_process("plan", path, "--mcore-version", VERSION, "--set",
-                                   f"cluster.num_gpus={n}", "--json")[1]) for n in (64, 32))
+                                            f"cluster.num_gpus={n}", "--json")[1]) for n in (64, 32))
     assert at64["recommendation"]["name"] == "none" and at64["workload"]["dp"] == 2
     assert at32["recommendation"]["name"] != "none"
     assert at64["ranks"][0]["static"]["optimizer"] < at32["ranks"][0]["static"]["optimizer"]
@@ -190,7 +192,7 @@ def test_a_lora_recipe_plans_as_lora_on_the_gpus_it_runs_on(dumps, stem, gpus):
     run there) fit: the base keeps only its weights; gradients and optimizer state are the
     adapters' (12 bytes per adapter parameter without the distributed optimizer, mixed precision)."""
     code, out, err = run_in_process("plan", dumps[stem], "--mcore-version", VERSION, "--set",
-                           f"cluster.num_gpus={gpus}", "--json")
+                                    f"cluster.num_gpus={gpus}", "--json")
     report = json.loads(out)
     assert code == 0 and report["fits"], (stem, report.get("diagnosis"), report.get("error"))
     w = load_workload(str(dumps[stem]), mcore_version=VERSION, sets=[f"cluster.num_gpus={gpus}"])
@@ -458,7 +460,7 @@ def test_the_peft_dump_warns_only_about_its_own_layer_spec(dumps):
     """LoRA is planned (inputs/peft.py, memory/lora.py), so it is no warning; OLMoE's own layer
     spec is the one setting left, and the model cannot size it."""
     code, out, err = run_in_process("plan", dumps["olmoe_7b_peft_1gpu_h100_bf16_config"], "--mcore-version",
-                           VERSION, "--json")
+                                    VERSION, "--json")
     warnings = json.loads(out)["warnings"]
     assert [f["field"] for f in warnings] == ["transformer_layer_spec"]
     assert warnings[0]["effect_bytes"] is None and "not sized" in warnings[0]["message"]
