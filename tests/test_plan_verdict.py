@@ -5,7 +5,9 @@ the accuracy table, so a plan never says `fits` for a budget the measured run ex
 
 from __future__ import annotations
 
+import re
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -123,3 +125,91 @@ def test_a_workload_rejected_under_every_setting_never_fits_and_exits_1():
     # the same workload on Blackwell is accepted and fits
     ok = run_script("plan", args[0], "--set", "model.fp8_recipe=mxfp8", "--set", "cluster.gpu=B200")
     assert ok.returncode == 0 and "REJECTED" not in ok.stdout, ok.stdout[-2000:]
+
+
+# ------------------------------------------------------------ the band as memory-model.md says
+
+def _band_section() -> str:
+    text = (ROOT / "references" / "memory-model.md").read_text()
+    return text.split("## The error band and the verdict", 1)[1].split("\n## ", 1)[0]
+
+
+def _band_rows() -> dict:
+    """term name -> the cells of its row in memory-model.md's band table."""
+    rows = {}
+    for line in _band_section().splitlines():
+        if line.startswith("| `"):
+            cells = [c.strip() for c in line.split("|")[1:-1]]
+            rows[re.match(r"`([^`]+)`", cells[0]).group(1)] = cells
+    return rows
+
+
+def _pct(x: float) -> str:
+    return f"{100 * x:g} %"
+
+
+def _terms_met() -> dict:
+    """name -> (device_only, kept) of every band term the measured cases and the examples carry."""
+    from mbridge_recompute import memory
+    from mbridge_recompute.memory import band
+
+    workloads = [measured_peaks.workload_of(c) for c in CASES.values()]
+    workloads += [load_workload(str(p)) for p in sorted(EXAMPLES.glob("*.yaml"))]
+    workloads.append(workloads[-1].replace(num_gpus=None))          # no GPU count given
+    met = {}
+    for w in workloads:
+        est = memory.estimate(w)
+        for rank in est.ranks:
+            for t in band.terms(w, est, rank, release_key="0.19"):
+                name = "known bug ID" if t.name.startswith("known bug ") else t.name
+                met[name] = (t.device_only, t.kept)
+    return met
+
+
+def test_memory_model_lists_every_band_term_with_the_sizes_band_py_sets():
+    """references/memory-model.md's band table: one row per term band.py can add, each with the
+    size band.py gives it, `(device only)` on the terms that widen only the device peak, and the
+    calibration paragraph naming exactly the terms a calibration keeps, with its constants."""
+    from mbridge_recompute.memory import band
+
+    rows = _band_rows()
+    named = set(re.findall(r'Term\("([^"]+)"', Path(band.__file__).read_text())) | {"known bug ID"}
+    assert set(rows) == named
+    sizes = {
+        "model": (f"{_pct(band.MODEL_OVER)} of the allocated peak",
+                  f"{_pct(band.MODEL_UNDER)} of the allocated peak"),
+        "workspaces": ("0", f"{band.WORKSPACES / GB:g} GB"),
+        "routing imbalance": ("0", f"{_pct(band.IMBALANCE)} of the rank's MoE activations"),
+        "MoE static residue": ("0", f"{_pct(band.MOE_STATIC_RESIDUE)} of its allocated static memory"),
+        "loss-stage stack": ("0", f"{band.LOSS_STACK_LOGITS:g} fp32 `[T, V/t]` logits per loss"),
+        "activation offloading": (f"{_pct(band.OFFLOAD_LOWER)} of activations + transient",
+                                  f"{_pct(band.OFFLOAD_UPPER)} of activations + transient"),
+        "CUDA-graph pool": ("0", f"{_pct(band.GRAPH_POOL_SLACK)} of the graphed activations"),
+    }
+    for name, (below, above) in sizes.items():
+        assert (rows[name][2], rows[name][3].split(" (")[0]) == (below, above), name
+    met = _terms_met()
+    assert {"model", "routing imbalance", "activation offloading", "CUDA-graph pool",
+            "flex dispatcher buffers", "world size assumed"} <= set(met)
+    prose = " ".join(_band_section().split())
+    for name, (device_only, kept) in met.items():
+        assert ("(device only)" in rows[name][0]) == device_only, name
+        assert (f"except `{name}`" in prose or f"and `{name}`;" in prose) == kept, name
+    assert f"kept at {_pct(band.CALIBRATED_DRIFT)} of its size" in prose
+    below, above = band.CALIBRATED_DELTA
+    assert f"{_pct(below)} below and {_pct(above)} above of its modelled change" in prose
+
+
+def test_memory_model_says_the_band_coverage_is_in_sample_and_what_the_table_lacks():
+    """The band's constants were sized on the accuracy table the tests check it against; the
+    classes the page says the table lacks are absent from it."""
+    prose = " ".join(_band_section().split())
+    rows = measured_peaks.rows()
+    assert f"{len(rows)}/{len(rows)} coverage there is in-sample" in prose
+    assert all(r["in_band"] for r in rows)
+    workloads = [measured_peaks.workload_of(c) for c in CASES.values()]
+    assert "no context parallelism (CP > 1), no LoRA / DoRA" in prose
+    assert all(w.context_parallel_size == 1 and w.peft is None for w in workloads)
+    gpus = {c["platform"].split(" x ")[-1].replace("dgx_", "").upper()[:5] for c in CASES.values()}
+    assert {g[:4] for g in gpus} == {"H100", "A100", "GB20"}
+    assert "only H100, A100 and GB200 runs" in prose
