@@ -10,10 +10,10 @@ the measured pipeline rank (what `max_memory_allocated` counts: no residual, no 
 buffers, no activations parked in a CUDA-graph pool), after iteration 1
 (`first_iteration_allocated_bytes`: no Adam moments yet, the first optimizer step included) and
 in the steady state (iteration 2, or 5 where the golden file samples every 5 iterations); and
-Megatron-LM's own theoretical report (upstream_formula.py) against the steady state. A case off
-by more than 10 % names the term responsible: a feature the model holds coarsely, or the
-static residue (the measured allocated bytes after iteration 1 minus our allocated static
-terms), or "open".
+Megatron-LM's own theoretical report (upstream_formula.py; none for hybrid Mamba models)
+against the steady state. A case off by more than 10 % names the term responsible: a feature
+the model holds coarsely, or the static residue (the measured allocated bytes after iteration 1
+minus our allocated static terms), or "open".
 
     .venv/bin/python benchmarks/measured_peaks.py [--json]
 """
@@ -92,7 +92,7 @@ def workload_of(case: dict):
 def covering_terms(terms, miss: float) -> str:
     """The band terms on the side of a miss (bytes, measured - predicted), largest first."""
     side = [(t.upper if miss > 0 else t.lower, t.name) for t in terms if not t.device_only]
-    named = [f"{name} {size / 1e9:{'+' if miss > 0 else '-'}.2f} GB" for size, name in
+    named = [f"{name} {'+' if miss > 0 else '-'}{size / 1e9:.2f} GB" for size, name in
              sorted(side, reverse=True) if size and name not in ("model", "workspaces")]
     return ", ".join(named)
 
@@ -124,7 +124,8 @@ def row(case: dict) -> dict:
            "measured_it1": meas1, "predicted_it1": pred1, "error_it1": err1,
            "steady_iteration": steady_it, "measured_steady": meas_s, "predicted_steady": pred_s,
            "error_steady": err_s, "upstream_formula": upstream,
-           "upstream_error": upstream / (meas_s or meas1) - 1, "notes": case.get("notes", ""),
+           "upstream_error": upstream / (meas_s or meas1) - 1 if upstream is not None else None,
+           "notes": case.get("notes", ""),
            "static_residue": residue, "band_lower": lo, "band_upper": up, "in_band": in_band,
            "band_terms": [t.name for t in bd.terms],
            "within": max(abs(e) for e in errors) <= TOLERANCE}
@@ -153,7 +154,7 @@ def main(argv=None) -> int:
         return 0
     print("peak allocated (max_memory_allocated), decimal GB, allocated against allocated: the measured "
           "rank (the last pipeline rank unless stated); band = the plan's error band around ours; "
-          "upstream = Megatron-LM's theoretical report (first stage)")
+          "upstream = Megatron-LM's theoretical report (first stage; none for hybrid models)")
     print(f"{'case':<50} {'it1 meas':>8} {'ours':>6} {'err':>6}  {'steady':>9} {'ours':>6} {'err':>6}"
           f"  {'band':>13}  {'upstream':>8}  features / term")
     for r in table:
@@ -163,7 +164,8 @@ def main(argv=None) -> int:
               f"{r['predicted_steady'] / 1e9:6.2f} {r['error_steady']:+6.1%}" if r["measured_steady"]
               else f"{'-':>9} {'-':>6} {'-':>6}")
         bd = f"-{r['band_lower'] / 1e9:.1f}/+{r['band_upper'] / 1e9:.1f}" + ("" if r["in_band"] else "!")
-        print(f"{r['id']:<50} {it1}  {st}  {bd:>13}  {r['upstream_formula'] / 1e9:8.2f}  "
+        up = f"{r['upstream_formula'] / 1e9:8.2f}" if r["upstream_formula"] is not None else f"{'-':>8}"
+        print(f"{r['id']:<50} {it1}  {st}  {bd:>13}  {up}  "
               f"{', '.join(r['features'])}" + (f"; > 10 %: {r['term']}" if r["term"] else ""))
     inside = sum(r["within"] for r in table)
     banded = sum(r["in_band"] for r in table)

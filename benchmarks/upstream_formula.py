@@ -14,6 +14,7 @@ report_theoretical_memory :456-494):
   plus the embedding terms, the interleaving penalty or min(1, M/PP), and the output layer when
   PP = 1.
 
+Hybrid Mamba models get no report (report_theoretical_memory returns before computing one).
 It does not read recompute_modules, the attention backend, MTP's activations, MoE routing or
 the pipeline layout, and reports the first stage, not the last rank the measurements come from.
 """
@@ -90,6 +91,10 @@ def activation_bytes(w, padded_vocab: int) -> float:
     return act * 1.05
 
 
-def total_bytes(w, padded_vocab: int) -> float:
+def total_bytes(w, padded_vocab: int):
+    """The report's total, or None for a hybrid Mamba model, for which report_theoretical_memory
+    prints that it is not supported and reports nothing (:457-459)."""
+    if w.hybrid_override_pattern:
+        return None
     return weight_and_optimizer_bytes(w, padded_vocab) + activation_bytes(w, padded_vocab)
 
