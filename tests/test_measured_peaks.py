@@ -258,6 +258,10 @@ def test_memory_model_workload_figures_are_the_benchmarks():
             f"{_gb(mlp['measured_it1'])} for `mlp`") in MEASURED
     gap = (core["measured_it1"] - mlp["measured_it1"]) / 1e9
     assert f"the published iteration-1 peaks differ by {gap:.1f} GB" in MEASURED
+    llama = measured_peaks.workload_of(next(c for c in measured_peaks.cases() if c["id"] == core["id"]))
+    warmup = llama.extra_model["cuda_graph_warmup_steps"]
+    assert llama.cuda_graph_impl == "transformer_engine" and warmup > 1
+    assert f"captured after {warmup} eager iterations and so absent from these iteration-1" in MEASURED
 
 
 def test_memory_model_nemotron_steady_peaks_and_the_mlp_price_are_the_plans():
