@@ -4,7 +4,7 @@ For every row of the card's measured evidence (card.yaml `evidence`) this prints
 the measured change of peak allocated memory against the study's control, our
 memory model's predicted change on the hottest rank (at the iteration each row was
 measured after: in iteration 1 the Adam state the first optimizer step creates does
-not exist yet, `memory.first_iteration_peak_bytes`), and the Megatron Bridge
+not exist yet, `RankMemory.first_iteration_allocated_bytes`), and the Megatron Bridge
 theoretical estimator's prediction (benchmarks/bridge_formula.py: it ignores
 recompute settings, so it always predicts 0). Where our prediction and the
 measurement differ by more than 25 % (of the measured change, at least 0.2 GB),
@@ -53,14 +53,17 @@ def _peak_gb(row: dict):
 
 
 def _hot(est):
-    return max(est.ranks, key=lambda r: r.peak_bytes)
+    """The rank with the largest predicted allocated peak (what the studies measured)."""
+    return max(est.ranks, key=lambda r: r.allocated_peak_bytes)
 
 
-def _peak_at(est, w, iteration) -> int:
-    """Predicted peak allocated after `iteration` (None: a later, steady-state iteration)."""
+def _peak_at(est, iteration) -> int:
+    """Predicted peak allocated (max_memory_allocated: no residual, no memory PyTorch does not
+    count) after `iteration` (None: a later, steady-state iteration), like for like with the
+    studies' mem-max-allocated-gigabytes."""
     if iteration == 1:
-        return max(memory.first_iteration_peak_bytes(w, r) for r in est.ranks)
-    return _hot(est).peak_bytes
+        return max(r.first_iteration_allocated_bytes for r in est.ranks)
+    return _hot(est).allocated_peak_bytes
 
 
 def attribute(base, cand) -> str:
@@ -90,15 +93,16 @@ def study_rows(ev: dict) -> list[dict]:
     base_hot = _hot(base_est)
     base_meas = _peak_gb(base_row)
     base_it = base_row.get("peak_after_iteration")
-    base_pred = _peak_at(base_est, base_w, base_it)
-    at = f" after iteration 1 (steady state {base_hot.peak_bytes / GB:.2f} GB)" if base_it == 1 else ""
+    base_pred = _peak_at(base_est, base_it)
+    at = (f" after iteration 1 (steady state {base_hot.allocated_peak_bytes / GB:.2f} GB)"
+          if base_it == 1 else "")
     out = [{"study": ev["id"], "setting": base_setting.candidate(), "baseline": True,
             "measured_peak_gb": base_meas, "predicted_peak_gb": base_pred / GB, "predicted_at": at,
             "predicted_activation_gb": base_hot.activation_bytes / GB,
             "bridge_activation_gb": bridge_formula.activation_bytes(base_w) / GB,
             "note": f"baseline; predicted - measured = "
                     f"{(base_pred / GB - base_meas) if base_meas else float('nan'):+.2f} GB "
-                    f"(residual: allocator, CUDA graphs, dispatcher buffers, model error)"}]
+                    f"(allocated against allocated: model error)"}]
     for row in rows:
         if row is base_row:
             continue
@@ -108,11 +112,11 @@ def study_rows(ev: dict) -> list[dict]:
         hot = _hot(est)
         # a row without a measured peak is predicted at the control's point
         row_it = row.get("peak_after_iteration") if _peak_gb(row) is not None else base_it
-        pred = (_peak_at(est, ws, row_it) - base_pred) / GB
+        pred = (_peak_at(est, row_it) - base_pred) / GB
         bridge = bridge_formula.predicted_delta_bytes(base_w, setting) / GB
         meas_peak = _peak_gb(row)
         rec = {"study": ev["id"], "setting": setting.candidate(), "baseline": False,
-               "measured_peak_gb": meas_peak, "predicted_peak_gb": hot.peak_bytes / GB,
+               "measured_peak_gb": meas_peak, "predicted_peak_gb": hot.allocated_peak_bytes / GB,
                "predicted_delta_gb": pred, "bridge_delta_gb": bridge, "outcome": row.get("outcome")}
         if meas_peak is None or base_meas is None:
             rec["measured_delta_gb"] = None
