@@ -1,7 +1,9 @@
 """Hostile input on the tools' surfaces: output targets, snippets, run directories, the harness
 argument list, the command-line contract and the test runner's process cleanup.
 
-Each test is named after the case it reproduces and runs the real scripts as subprocesses.
+A test named test_hostile_N_ reproduces problem #N of the hostile-input record (their titles:
+tests/fixtures/hostile_r3_problems.txt); the others are cases found beside them. They run the real
+scripts as subprocesses, except where a count of file opens needs the tool in-process.
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ def _one_json(stdout: str) -> dict:
 
 # ------------------------------------------------------------------ output targets
 @pytest.mark.parametrize("force", [False, True])
-def test_output_never_replaces_a_fifo_even_with_force(tmp_path, force):
+def test_hostile_1_output_never_replaces_a_fifo_even_with_force(tmp_path, force):
     fifo = tmp_path / "f"
     os.mkfifo(fifo)
     args = ["--modules", "mlp", "--output", str(fifo)] + (["--force"] if force else [])
@@ -35,7 +37,7 @@ def test_output_never_replaces_a_fifo_even_with_force(tmp_path, force):
     assert stat.S_ISFIFO(os.lstat(fifo).st_mode), "the FIFO was replaced"
 
 
-def test_output_never_replaces_a_socket_even_with_force(tmp_path, monkeypatch):
+def test_hostile_1_output_never_replaces_a_socket_even_with_force(tmp_path, monkeypatch):
     path = tmp_path / "s"
     sock = socket.socket(socket.AF_UNIX)
     try:
@@ -50,7 +52,7 @@ def test_output_never_replaces_a_socket_even_with_force(tmp_path, monkeypatch):
         sock.close()
 
 
-def test_plot_never_replaces_a_fifo_even_with_force(tmp_path):
+def test_hostile_1_plot_never_replaces_a_fifo_even_with_force(tmp_path):
     fifo = tmp_path / "f.png"
     os.mkfifo(fifo)
     r = run_script("plan", "--plot", str(fifo), "--force", timeout=120)
@@ -59,7 +61,7 @@ def test_plot_never_replaces_a_fifo_even_with_force(tmp_path):
     assert stat.S_ISFIFO(os.lstat(fifo).st_mode)
 
 
-def test_force_still_replaces_a_regular_file(tmp_path):
+def test_hostile_1_force_still_replaces_a_regular_file(tmp_path):
     target = tmp_path / "r.py"
     target.write_text("old\n")
     r = run_script("config", "--modules", "mlp", "--output", str(target), "--force", timeout=60)
@@ -127,14 +129,15 @@ def test_a_manifest_is_read_or_refused_alike_by_check_run_compare_and_diagnose(t
             assert code in (0, 1), (tool, case, err)
 
 
-def test_duplicate_keys_in_a_manifest_are_refused(tmp_path):
+def test_hostile_33_duplicate_keys_in_a_manifest_are_refused(tmp_path):
     r = run_script("compare", _run_dir(tmp_path, manifest='{"name": "a", "name": "b"}'), "--json")
     assert r.returncode == 2 and "'name' twice" in r.stderr
 
 
 @pytest.mark.parametrize("fmt", [[], ["--markdown"]])
-def test_a_lone_surrogate_in_a_manifest_is_refused_not_a_traceback(tmp_path, fmt):
-    a = _run_dir(tmp_path, "a", manifest='{"name": "\\ud800"}')
+def test_hostile_12_a_lone_surrogate_in_a_manifest_is_refused_not_a_traceback(tmp_path, fmt):
+    log = (EXAMPLES / "logs" / "nemotron3nano" / "moe_act" / "log.txt").read_bytes()
+    a = _run_dir(tmp_path, "a", manifest='{"name": "\\ud800"}', log=log)
     r = run_script("compare", a, EXAMPLES / "logs" / "nemotron3nano" / "empty", *fmt)
     assert r.returncode == 2 and "Traceback" not in r.stderr
     assert r.stderr.count("\n") == 1 and "surrogate" in r.stderr
@@ -155,7 +158,7 @@ def test_a_workload_and_a_config_json_with_a_utf8_bom_are_read(tmp_path):
 @pytest.mark.parametrize("planted", ["link to /dev/zero", "fifo", "directory", "link to nothing",
                                      "not a mapping"])
 @pytest.mark.parametrize("name", ["ConfigContainer.yaml", "manifest.json"])
-def test_a_planted_dump_or_manifest_is_refused_not_taken_for_absent(tmp_path, planted, name):
+def test_hostile_32_a_planted_dump_or_manifest_is_refused_not_taken_for_absent(tmp_path, planted, name):
     d = _run_dir(tmp_path)
     target = d / name
     if planted == "link to /dev/zero":
@@ -177,7 +180,8 @@ def test_a_planted_dump_or_manifest_is_refused_not_taken_for_absent(tmp_path, pl
     "  recompute_granularity: {a: 1}\n", "  recompute_modules: 5\n", "  recompute_modules: [1, [2]]\n",
     "  recompute_method: [1]\n", "  recompute_num_layers: x\n"])
 @pytest.mark.parametrize("with_layers", [False, True])
-def test_check_run_refuses_wrong_typed_recompute_values_in_the_dump_with_exit_2(tmp_path, model, with_layers):
+def test_hostile_27_check_run_refuses_wrong_typed_recompute_values_in_the_dump_with_exit_2(
+        tmp_path, model, with_layers):
     body = "model:\n" + ("  num_layers: 4\n  hidden_size: 256\n  num_attention_heads: 4\n" if with_layers
                          else "") + model
     d = _run_dir(tmp_path, dump=body)
@@ -186,6 +190,25 @@ def test_check_run_refuses_wrong_typed_recompute_values_in_the_dump_with_exit_2(
         assert r.returncode == 2 and "Traceback" not in r.stderr, (model, extra, r.stderr)
         field = model.split(":")[0].strip()
         assert f"model.{field}" in _one_json(r.stdout)["error"]["field"]
+
+
+def test_hostile_11_check_run_with_a_model_refuses_labels_that_are_not_strings(tmp_path):
+    """A published run directory whose dump lists a number and a list as recompute labels, checked
+    against a catalogue model: one error line naming the field (it was a TypeError)."""
+    d = tmp_path / "run"
+    shutil.copytree(EXAMPLES / "logs" / "nemotron3nano" / "moe_act", d)
+    (d / "ConfigContainer.yaml").write_text(
+        "model:\n  recompute_granularity: selective\n  recompute_modules: [1, [2]]\n")
+    # the field names the dump by its path, which an error line shortens in the middle when long
+    field = "/run/ConfigContainer.yaml: model.recompute_modules"
+    reason = "entries must be non-empty strings, got 1"
+    for fmt in ([], ["--json"]):
+        r = run_script("check", "--run", d, "--model", "llama3-8b", *fmt)
+        assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr[-800:]
+        assert r.stderr.count("\n") == 1 and r.stderr.startswith("error: "), r.stderr
+        assert r.stderr.endswith(f"{field}: {reason}\n"), r.stderr
+    error = _one_json(r.stdout)["error"]
+    assert error["field"].endswith(field) and error["message"] == reason and error["exit"] == 2
 
 
 def _count_opens(monkeypatch, argv: list, watched: list) -> dict:
@@ -253,7 +276,7 @@ def _max_rss_mb(argv: list) -> tuple:
     return int(code), int(kib) / 1024
 
 
-def test_log_readers_stay_under_a_memory_ceiling_whatever_the_log_size(tmp_path):
+def test_hostile_16_log_readers_stay_under_a_memory_ceiling_whatever_the_log_size(tmp_path):
     """A log larger than the ceiling, made of what costs the most to keep: iteration and Step Time
     lines past the kept count, exception lines with tracebacks, and lines of nothing in
     particular. Peak memory stays under RSS_CEILING_MB for every reader (it was ~45x the log)."""
@@ -283,17 +306,17 @@ def test_log_readers_stay_under_a_memory_ceiling_whatever_the_log_size(tmp_path)
 
 
 # ------------------------------------------------------------------ the command-line contract
-TOOLS = ["plan", "config", "check", "harness", "compare", "diagnose", "tests"]
+TOOLS = ["plan", "config", "check", "harness", "compare", "diagnose", "tests", "tune"]
 
 
 @pytest.mark.parametrize("tool", TOOLS)
-def test_help_with_json_prints_one_json_object(tool):
+def test_hostile_29_help_with_json_prints_one_json_object(tool):
     r = run_script(tool, "--help", "--json", timeout=60)
     assert r.returncode == 0
     assert "usage:" in _one_json(r.stdout)["help"]
 
 
-def test_missing_subcommand_and_version_with_json_print_one_json_object():
+def test_hostile_29_missing_subcommand_and_version_with_json_print_one_json_object():
     import subprocess
     import sys
 
@@ -316,7 +339,7 @@ def test_missing_subcommand_and_version_with_json_print_one_json_object():
     (["harness", "--candidates", "", "--", "-m", "x"], "--candidates"),
     (["tests", "--repo", ""], "--repo"),
 ])
-def test_empty_option_values_exit_2_is_empty(argv, field):
+def test_hostile_30_empty_option_values_exit_2_is_empty(argv, field):
     tool, *args = argv
     cut = args.index("--") if "--" in args else len(args)
     r = run_script(tool, *args[:cut], "--json", *args[cut:], timeout=60)
@@ -338,7 +361,8 @@ INJECTIONS = [
 
 @pytest.mark.parametrize("fmt", ["python", "yaml"])
 @pytest.mark.parametrize("candidate", INJECTIONS)
-def test_a_candidate_value_with_a_control_character_is_refused_not_written(tmp_path, fmt, candidate):
+def test_hostile_2_a_candidate_value_with_a_control_character_is_refused_not_written(
+        tmp_path, fmt, candidate):
     out = tmp_path / f"snippet.{'py' if fmt == 'python' else 'yaml'}"
     r = run_script("config", MOONLIGHT, "--candidate", candidate, "--format", fmt, "--output", out, "--json")
     assert r.returncode == 2, r.stderr
@@ -347,7 +371,7 @@ def test_a_candidate_value_with_a_control_character_is_refused_not_written(tmp_p
     assert not out.exists()
 
 
-def test_a_string_field_takes_only_the_values_megatron_core_knows():
+def test_hostile_2_a_string_field_takes_only_the_values_megatron_core_knows():
     r = run_script("config", MOONLIGHT, "--candidate", "moe_act@experimental_attention_variant=x", "--json")
     assert r.returncode == 2 and "must be one of" in _one_json(r.stdout)["error"]["message"]
 
@@ -365,7 +389,7 @@ def _snippets(candidate: str) -> dict:
     return done.value.code, out.getvalue()
 
 
-def test_snippet_values_are_written_by_repr_and_safe_dump_whatever_the_text():
+def test_hostile_2_snippet_values_are_written_by_repr_and_safe_dump_whatever_the_text():
     """Any printable text in a string field reads back from the Python snippet (run) and the YAML
     snippet (loaded) as exactly that text, and the comment stays one line."""
     import types
@@ -409,7 +433,7 @@ def test_snippet_values_are_written_by_repr_and_safe_dump_whatever_the_text():
 @pytest.mark.parametrize("change", ["recompute_granularity=full", "recompute_modules=mlp",
                                     "recompute_method=block", "recompute_num_layers=2",
                                     "distribute_saved_activations=true"])
-def test_a_candidate_changing_a_recompute_key_exits_2(change):
+def test_hostile_9_a_candidate_changing_a_recompute_key_exits_2(change):
     r = run_script("config", "--model", "llama3-8b", "--candidate", f"[]@{change}", "--json")
     assert r.returncode == 2 and "Traceback" not in r.stderr
     assert "is not a change" in _one_json(r.stdout)["error"]["message"]
@@ -446,7 +470,7 @@ HARNESS_ARGS = ["-m", "llama3", "-mr", "llama3_70b", "-gb", "32", "-sl", "4096",
 
 @pytest.mark.parametrize("workload", [[], ["--model", "deepseek-v3"], [EXAMPLES / "nemotron_3_nano.yaml"],
                                       [EXAMPLES / "llama3_70b_fp8.yaml"]])
-def test_the_plans_own_candidates_run_through_from_plan(tmp_path, workload):
+def test_hostile_5_the_plans_own_candidates_run_through_from_plan(tmp_path, workload):
     plan = run_script("plan", *workload, "--alternatives", "--json", timeout=300)
     assert plan.returncode in (0, 1), plan.stderr
     (tmp_path / "p.json").write_text(plan.stdout)
@@ -463,14 +487,14 @@ def test_the_plans_own_candidates_run_through_from_plan(tmp_path, workload):
             assert any(t.startswith(f"model.{field}=") for t in run["argv"]), (candidate, run["argv"])
 
 
-def test_two_candidates_that_differ_only_in_a_change_are_two_runs():
+def test_hostile_5_two_candidates_that_differ_only_in_a_change_are_two_runs():
     r = run_script("harness", "--candidates", "moe_act@context_parallel_size=2",
                    "moe_act@context_parallel_size=4", "--json", "--", *HARNESS_ARGS)
     assert r.returncode == 0, r.stderr
     assert len(_one_json(r.stdout)["runs"]) == 3          # the control, and the two
 
 
-def test_a_candidate_given_twice_names_itself_not_another():
+def test_hostile_5_a_candidate_given_twice_names_itself_not_another():
     r = run_script("harness", "--candidates", "moe_act@context_parallel_size=2",
                    "moe_act@context_parallel_size=2", "--", *HARNESS_ARGS)
     assert r.returncode == 1 and "'moe_act@context_parallel_size=2' is given twice" in r.stderr
@@ -517,7 +541,7 @@ def _with_mark(mark: str) -> list:
 
 
 @pytest.mark.parametrize("sleep,extra", [(0, []), (300, ["--timeout", "5"])])
-def test_a_test_child_that_calls_setsid_does_not_survive_run_tests(tmp_path, sleep, extra):
+def test_hostile_31_a_test_child_that_calls_setsid_does_not_survive_run_tests(tmp_path, sleep, extra):
     """The subreaper (prctl PR_SET_CHILD_SUBREAPER) catches what left pytest's process group."""
     import sys
     import time
