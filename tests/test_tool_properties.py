@@ -6,7 +6,9 @@ keeps the command-line contract:
 * no traceback;
 * no file is written anywhere but the output the command asked for;
 * nothing is imported from the current directory (a directory holding `megatron/`, `torch/`,
-  `transformer_engine/`, `yaml.py` and a recipe module that each leave a mark when imported).
+  `transformer_engine/`, `yaml.py` and a recipe module that each leave a mark when imported);
+* `tune`, only ever as a dry run, writes nothing anywhere (the current directory, the checkout,
+  the skill, $HOME, $TMPDIR, beside its --out) except, if at all, under its --out.
 
 Most examples run in-process through `cli.main` (the entry point every script calls) from a
 hostile current directory; whether anything is imported from there is asked of real `python -m
@@ -18,9 +20,11 @@ from __future__ import annotations
 
 import contextlib
 import io
+import itertools
 import json
 import os
 import shutil
+import stat
 import subprocess
 import sys
 from pathlib import Path
@@ -264,6 +268,139 @@ def test_any_argument_list_keeps_the_contract(sandbox, argv):
     _run(argv, sandbox)
 
 
+# ------------------------------------------------------------------ tune: dry runs only
+TUNE_HARNESS = ["-m", "deepseek", "-mr", "moonlight_16b", "-ng", "8", "-g", "h100", "-c", "bf16", "-tp", "2",
+                "-pp", "1", "-cp", "1", "-ep", "8", "-mb", "1", "-gb", "4", "-sl", "4096"]
+tune_options = st.sampled_from([
+    ("--free-gb", "0.5"), ("--free-gb", "-1"), ("--budget-gb", "70"), ("--budget-gb", "nan"),
+    ("--max-runs", "2"), ("--max-runs", "0"), ("--iterations", "20"), ("--iterations", "2"),
+    ("--launcher", "slurm"), ("--launcher", "ssh"), ("--bridge-release", "0.5"), ("--bridge-release", "main"),
+    ("--no-parser-check",), ("--force",), ("--env", "A=1"), ("--env", "=x"), ("--gbs", "8"),
+    ("--seq", "4096"), ("--timeout", "0"), ("--timeout", "60"), ("--grace", "5"), ("--name-prefix", "t"),
+    ("--name-prefix", "../x"), ("--python", "python"), ("--dry-run",), ("--no-plot",), ("--plot", "x.png"),
+    ("--mcore-version", "0.19"), ("--model", "llama3-8b"), ("--wide",), ("--bogus",), ("--free-gb",)])
+OUT_NUMBERS = itertools.count()
+# what the skill's own tree holds besides its files (caches, the environment of a checkout)
+NOT_THE_SKILLS = {".git", ".venv", "__pycache__", ".pytest_cache", ".hypothesis", ".ruff_cache"}
+
+
+def _files(root: Path, skip: frozenset | set = frozenset()) -> dict:
+    """Every entry under `root` with its kind, size and modification time: a write shows."""
+    found = {}
+    for top, dirs, names in os.walk(root):
+        dirs[:] = [d for d in dirs if d not in skip]
+        for name in dirs + names:
+            path = Path(top, name)
+            st_ = path.lstat()
+            found[str(path.relative_to(root))] = (stat.S_IFMT(st_.st_mode), st_.st_size, st_.st_mtime_ns)
+    return found
+
+
+def _never_launch(tokens: list) -> list:
+    """The tokens without any argparse could read as --launch (an abbreviation included)."""
+    def launch(t: str) -> bool:
+        flag = t.split("=", 1)[0]
+        return len(flag) > 3 and flag.startswith("--") and "--launch".startswith(flag)
+    return [t for t in tokens if not launch(t)]
+
+
+@contextlib.contextmanager
+def _home_and_tmp(home: Path, tmp: Path):
+    """$HOME and $TMPDIR (and tempfile's cached directory) pointed at watched directories."""
+    import tempfile
+
+    saved, cached = {k: os.environ.get(k) for k in ("HOME", "TMPDIR")}, tempfile.tempdir
+    os.environ.update(HOME=str(home), TMPDIR=str(tmp))
+    tempfile.tempdir = None
+    try:
+        yield
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+        tempfile.tempdir = cached
+
+
+@pytest.fixture(scope="module")
+def tune_ground(tmp_path_factory):
+    """(the replay checkout, a bare stand-in directory, where outs go, $HOME, $TMPDIR)."""
+    sys.path.insert(0, str(ROOT / "tests" / "fixtures" / "harness"))
+    import replay
+
+    base = tmp_path_factory.mktemp("tune")
+    repo = replay.make_replay_checkout(base / "bridge")
+    bare = base / "bare"
+    (bare / "src" / "megatron" / "bridge").mkdir(parents=True)
+    dirs = [base / n for n in ("outs", "home", "tmp")]
+    for d in dirs:
+        d.mkdir()
+    return repo, bare, *dirs
+
+
+def _tune(argv_head: list, tail: list, sandbox, ground, out: Path | None) -> tuple:
+    """One tune dry run, in-process from the hostile directory: the contract, and no write
+    anywhere watched but under `out` (default: the current directory's recompute-tune)."""
+    cwd, marks = sandbox
+    repo, bare, outs, home, tmp = ground
+    argv = ["tune", *_never_launch(argv_head), "--json", "--", *TUNE_HARNESS, *tail]
+    out = out or cwd / "recompute-tune"
+    roots = {cwd: frozenset(), repo: frozenset(), bare: frozenset(), outs: frozenset(), home: frozenset(),
+             tmp: frozenset(), ROOT: NOT_THE_SKILLS}
+    before = {r: _files(r, skip) for r, skip in roots.items()}
+    with _home_and_tmp(home, tmp):
+        code, stdout, err = _invoke(argv, cwd)
+    _judge(argv, code, stdout, err)
+    if code == 0:
+        assert json.loads(stdout)["mode"] == "dry-run", (argv, stdout[:300])
+    for root, skip in roots.items():
+        after = _files(root, skip)
+        changed = {k for k in before[root].keys() | after.keys() if before[root].get(k) != after.get(k)}
+        written = {k for k in changed if not (root / k).is_relative_to(out)}
+        assert not written, (argv, str(root), sorted(written))
+    assert not list(marks.iterdir()), (argv, sorted(p.name for p in marks.iterdir()))
+    return code, stdout, err
+
+
+def test_a_tune_dry_run_of_the_replay_checkout_plans_its_first_run_and_writes_nothing(sandbox, tune_ground):
+    repo, _, outs, _, _ = tune_ground
+    out = outs / "plain"
+    code, stdout, _ = _tune([str(EXAMPLES / "moonlight_16b.yaml"), "--repo", str(repo), "--out", str(out)],
+                            [], sandbox, tune_ground, out)
+    report = json.loads(stdout)
+    assert code == 0 and report["repo"] == str(repo) and report["next"][0]["candidate"] == "[]"
+    assert not out.exists()
+
+
+@FAST
+@given(cands=st.one_of(st.just([]), st.lists(candidates, min_size=1, max_size=3)),
+       given_sets=st.one_of(st.just([]), sets),
+       tail=st.one_of(st.just([]), st.lists(harness_tokens, max_size=8)),
+       extra=st.lists(tune_options, max_size=3).map(lambda groups: [t for g in groups for t in g]),
+       repo=st.sampled_from(["replay", "bare", "none"]),
+       where=st.sampled_from(["fresh", "default", "empty", "junk tune.json"]))
+def test_tune_dry_run_keeps_the_contract_for_any_candidates_sets_and_argument_list(
+        sandbox, tune_ground, cands, given_sets, tail, extra, repo, where):
+    checkout, bare, outs, _, _ = tune_ground
+    head = [str(EXAMPLES / "moonlight_16b.yaml"), *extra]
+    head += {"replay": ["--repo", str(checkout)], "bare": ["--repo", str(bare)], "none": []}[repo]
+    head += ["--candidates", *cands] if cands else []
+    head = _with_sets(head, given_sets)
+    out = None
+    if where != "default":
+        out = outs / f"out{next(OUT_NUMBERS)}"            # a name no earlier example used
+        head += ["--out", str(out)]
+        if where != "fresh":
+            out.mkdir()
+        if where == "junk tune.json":
+            (out / "tune.json").write_text('{"version": 1, "runs": [1, {"a": null}]}')
+    try:
+        _tune(head, tail, sandbox, tune_ground, out)
+    finally:
+        shutil.rmtree(out if out is not None else sandbox[0] / "recompute-tune", ignore_errors=True)
+
+
 # ------------------------------------------------------------------ the same, as real processes
 SUBPROCESS_CASES = [
     ["plan", "--json"], ["plan", "--mlm-args", "--", "--num-layers", "4", "--hidden-size", "256",
@@ -276,6 +413,7 @@ SUBPROCESS_CASES = [
     ["harness", "--candidates", "moe_act", "--json", "--", "-m", "x", "-mr", "y", "-ng", "8", "-gb", "8",
      "-sl", "4096"],
     ["tests", "--repo", "/nonexistent", "--json"], ["--json"], ["plan", "--help", "--json"],
+    ["tune", str(EXAMPLES / "moonlight_16b.yaml"), "--json", "--", *TUNE_HARNESS],
 ]
 
 
