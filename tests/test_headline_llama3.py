@@ -48,8 +48,8 @@ def test_the_default_plan_prints_the_published_rows_beside_its_iteration_1_figur
     mlp = next(e for e in r.labels if e.label == "mlp")
     assert mlp.saving_bytes > 10 * GB                      # the steady-state saving
     [note] = r.evidence_notes
-    assert "58.8 GB measured, 54.50 GB modelled after iteration 1" in note
-    assert "55.6 GB measured, 54.50 GB modelled after iteration 1" in note
+    assert "58.8 GB measured, 54.93 GB modelled after iteration 1" in note
+    assert "55.6 GB measured, 54.93 GB modelled after iteration 1" in note
     assert "optimizer step" in note and "cut-short saving" in note and "steady state" in note
     assert r.to_dict()["evidence_notes"] == [note]
     text = " ".join(render_text(r).split())

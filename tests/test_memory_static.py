@@ -165,3 +165,55 @@ def test_estimate_is_plain_data_with_sentences_for_assumptions():
     assert all(isinstance(a, str) and a.endswith(".") for a in est.assumptions)
     assert any("load-imbalance" in a for a in est.assumptions)
     assert any("FP8" in a for a in est.assumptions)
+
+
+def _dummies(w, rank=-1):
+    return estimate(w).ranks[rank].static["dummy_wgrads"]
+
+
+def test_every_rank_keeps_one_dummy_wgrad_per_weight_shape_and_the_last_stage_the_output_layers():
+    """Under gradient_accumulation_fusion one 16-bit [rows, cols] per distinct local weight shape
+    (qkv, proj, fc1, fc2 of the dense layer at TP 8), however many layers share it; the last
+    stage adds the output layer's [V/t, h] (128256 padded to 129024, / 8)."""
+    w = llama70b(tensor_model_parallel_size=8, pipeline_model_parallel_size=8, num_gpus=64)
+    layer = 1280 * 8192 + 8192 * 1024 + 7168 * 8192 + 8192 * 3584
+    assert _dummies(w, 1) == 2 * layer
+    assert _dummies(w, 0) == 2 * layer                       # the embedding is not a GEMM
+    assert _dummies(w, -1) == 2 * (layer + 16128 * 8192)
+    r = estimate(w).ranks[-1]
+    assert r.static_bytes == sum(r.static.values())
+
+
+def test_no_dummy_wgrads_without_gradient_accumulation_fusion_or_before_te_2_3():
+    w = llama70b(tensor_model_parallel_size=8, pipeline_model_parallel_size=8, num_gpus=64)
+    off = w.replace(extra_model={"gradient_accumulation_fusion": False})
+    assert _dummies(w) > 0
+    assert _dummies(off) == 0
+    assert estimate(w).ranks[-1].static_bytes - estimate(off).ranks[-1].static_bytes == _dummies(w)
+    assert _dummies(w.replace(te_version="2.2.0")) == 0
+    for absent in ("0.0.0", "none"):                         # no TE: megatron-core's fresh tensors
+        assert _dummies(w.replace(te_version=absent)) == 0
+
+
+def test_the_mtp_stage_counts_eh_projs_dummy_wgrad_and_its_moe_layer_shares_the_decoders():
+    """MTP on the last stage adds eh_proj's [h/t, 2h]; its MoE decoder layer has the shapes the
+    stage's MoE layers already keep."""
+    base = deepseek_v3(num_layers=8, moe_layer_freq=[0] * 3 + [1] * 5,
+                       tensor_model_parallel_size=2, pipeline_model_parallel_size=2,
+                       expert_model_parallel_size=8, num_gpus=32, sequence_parallel=True)
+    mtp = base.replace(mtp_num_layers=1)
+    assert _dummies(mtp) - _dummies(base) == 2 * (7168 // 2) * (2 * 7168)
+    assert _dummies(mtp, 0) == _dummies(base, 0)
+
+
+def test_grouped_gemm_experts_keep_dummy_wgrads_only_from_te_2_10():
+    """TE's GroupedLinear took get_dummy_wgrad in 2.10; before, each backward made fresh
+    per-expert tensors that die with it. Experts [2*2048, 7168] and [7168, 2048] at ETP 1."""
+    w = deepseek_v3(num_layers=4, moe_layer_freq=[0, 1, 1, 1], tensor_model_parallel_size=2,
+                    expert_model_parallel_size=8, expert_tensor_parallel_size=1, num_gpus=16,
+                    sequence_parallel=True)
+    experts = 2 * (4096 * 7168 + 7168 * 2048)
+    new, old = w.replace(te_version="2.10.0"), w.replace(te_version="2.9.0")
+    assert _dummies(new) - _dummies(old) == experts
+    # sequential experts are TE Linears: their dummies exist on every TE from 2.3
+    assert _dummies(old.replace(moe_grouped_gemm=False)) - _dummies(old) == experts

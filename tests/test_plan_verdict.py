@@ -181,7 +181,8 @@ def test_memory_model_lists_every_band_term_with_the_sizes_band_py_sets():
         "workspaces": ("0", f"{band.WORKSPACES / GB:g} GB"),
         "routing imbalance": ("0", f"{_pct(band.IMBALANCE)} of the rank's MoE activations"),
         "MoE static residue": ("0", f"{_pct(band.MOE_STATIC_RESIDUE)} of its allocated static memory"),
-        "loss-stage stack": ("0", f"{band.LOSS_STACK_LOGITS:g} fp32 `[T, V/t]` logits per loss"),
+        "loss-stage stack": tuple(f"{x:g} fp32 `[T, V/t]` logits per loss"
+                                  for x in band.LOSS_STACK_LOGITS),
         "activation offloading": (f"{_pct(band.OFFLOAD_LOWER)} of activations + transient",
                                   f"{_pct(band.OFFLOAD_UPPER)} of activations + transient"),
         "CUDA-graph pool": ("0", f"{_pct(band.GRAPH_POOL_SLACK)} of the graphed activations"),

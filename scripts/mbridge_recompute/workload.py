@@ -55,6 +55,8 @@ POSITIVE = "positive"
 COUNT = "count"
 # Layers the memory model walks one by one (decoder layers, MTP depths): the bound on each count.
 MAX_LAYERS = 10_000
+# What `cluster.te_version` says when Transformer Engine is known to be absent on the training nodes
+TE_ABSENT = frozenset({"none", "absent", "no", "missing", "0", "0.0.0"})
 
 
 @dataclass

@@ -34,7 +34,9 @@ LEGACY_MODEL_KEYS = frozenset({"hybrid_override_pattern", "mtp_enabled", "mamba_
                                "first_k_dense_replace"})
 # Fields outside Workload that the memory model reads (memory/shape.py `_extra`, memory/peak.py:162,
 # placement.py:79-80) and that the loader itself applies (first_k_dense_replace -> moe_layer_freq,
-# hybrid_layer_pattern -> hybrid_override_pattern).
+# hybrid_layer_pattern -> hybrid_override_pattern). gradient_accumulation_fusion is read too (the
+# dummy weight gradients, memory/shape.py) but stays out: its `false` path is not modelled, so
+# the loader keeps naming it (data/coverage.yaml).
 READ_BY_MODEL = values.EXTRA_SIZES | values.EXTRA_FLAGS | {
     "cross_entropy_fusion_impl", "first_k_dense_replace", "hybrid_layer_pattern",
     # read (and checked) by memory/graphs.py, memory/dispatcher.py and memory/bugs.py

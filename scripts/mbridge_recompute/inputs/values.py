@@ -15,7 +15,7 @@ import typing
 from typing import Any
 
 from mbridge_recompute.errors import InputError
-from mbridge_recompute.workload import FIELDS, HYBRID_KINDS, Workload
+from mbridge_recompute.workload import FIELDS, HYBRID_KINDS, TE_ABSENT, Workload
 
 # Bounds on counts. Sizes are multiplied as Python ints and the model walks every layer and
 # every micro-batch one by one, so an extra run of digits would surface as an OverflowError,
@@ -44,8 +44,6 @@ EXTRA_FLAGS = frozenset({"bias_activation_fusion", "use_te_activation_func",
                           "account_for_embedding_in_pipeline_split",
                           "account_for_loss_in_pipeline_split"})
 
-# What `cluster.te_version` says when Transformer Engine is known to be absent on the training nodes
-TE_ABSENT = frozenset({"none", "absent", "no", "missing", "0", "0.0.0"})
 
 # Optimizer-state dtypes, normalised. A Bridge dump writes a torch dtype as
 # {_target_: torch.bfloat16, _call_: false}; TE FusedAdam takes uint8 (fp8) moments.

@@ -27,7 +27,12 @@ from mbridge_recompute.memory.offload import in_force, offloaded_bytes, offloade
 from mbridge_recompute.memory.recompute import chunk_groups, granularity_of, layout_of, modules_of
 from mbridge_recompute.memory.schedule import inflight_vectors
 from mbridge_recompute.memory.shape import Shape, shape_of
-from mbridge_recompute.memory.static import optimizer_state_bytes, rank_params, static_bytes
+from mbridge_recompute.memory.static import (
+    dummy_wgrad_bytes,
+    optimizer_state_bytes,
+    rank_params,
+    static_bytes,
+)
 from mbridge_recompute.memory.tensors import (
     checkpoint_bytes,
     embedding_tensors,
@@ -371,6 +376,12 @@ def assumptions(w, sh: Shape, knobs: Knobs) -> list:
         "Local-spec fused softmax eligibility follows fused_softmax.py:238-270 @ core_v0.16.1 "
         "except its batch-per-block divisibility check.",
     ]
+    if sh.wgrad_dummies:
+        out.append("gradient_accumulation_fusion: from the first backward on, every distinct "
+                   "weight shape keeps one 16-bit dummy weight gradient (Transformer Engine's "
+                   "get_dummy_wgrad cache; on the last stage the output layer's [V/t, h]), counted "
+                   "as static dummy_wgrads" + ("." if sh.grouped_dummies else
+                                               "; grouped-GEMM experts only from TE 2.10."))
     if not w.te_version:
         out.append("Transformer Engine is assumed >= 2.7, so set_save_original_input applies "
                    "where MCore uses it (fp8 recipes other than delayed, fp4).")
@@ -523,6 +534,8 @@ def estimate(w, knobs: Knobs = DEFAULT_KNOBS, disabled=()) -> MemoryEstimate:
                               residual=knobs.residual_bytes,
                               optimizer_bytes=_optimizer_bytes(w, sh, knobs),
                               global_buffer=global_buffer_bytes(sh, kinds + list(inner if here else ())),
+                              dummy_wgrads=dummy_wgrad_bytes(sh, kinds, r == p - 1,
+                                                             inner if here else ()),
                               trainable=trainable, trainable_bytes=sh.lora.dtype_bytes if sh.lora else None)
         # CUDA graphs: the captured part of the saved activations and the graphs' static buffers
         graphed = io = 0.0

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import Optional
 
 from mbridge_recompute.memory.lora import from_workload as lora_of
+from mbridge_recompute.workload import TE_ABSENT
 
 # Positional encodings that produce fresh q/k tensors (a RoPE kernel writes new storage).
 ROTARY = ("rope", "yarn", "mrope")
@@ -120,6 +121,10 @@ class Shape:
     offload: frozenset          # offload_modules in force (fine-grained activation offloading)
     router_fp32: bool           # moe_router_dtype fp32/fp64: probs, and combine temporaries, in fp32
     lora: Optional[tuple] = None  # memory/lora.Lora: LoRA adapters on a frozen base (Bridge peft:)
+    # gradient_accumulation_fusion with TE >= 2.3: each weight shape's cached dummy wgrad
+    # (memory/static.dummy_wgrad_bytes); grouped_dummies: TE GroupedLinear too (TE >= 2.10)
+    wgrad_dummies: bool = False
+    grouped_dummies: bool = False
 
     # --- derived per-rank quantities -------------------------------------------
     @property
@@ -209,6 +214,7 @@ def shape_of(w, knobs) -> Shape:
     nv = int(_extra(w, "linear_num_value_heads", 32))
     dk = int(_extra(w, "linear_key_head_dim", 128))
     dvv = int(_extra(w, "linear_value_head_dim", 128))
+    lora = lora_of(w)
     return Shape(
         s=w.seq_length, b=w.micro_batch_size, c=w.context_parallel_size, t=t,
         sp=bool(w.sequence_parallel),
@@ -249,5 +255,11 @@ def shape_of(w, knobs) -> Shape:
         offload=frozenset(w.offload_modules or ()) if w.fine_grained_activation_offloading
         else frozenset(),
         router_fp32=w.moe_router_dtype in ("fp32", "fp64"),
-        lora=lora_of(w),
+        lora=lora,
+        # unset: the fused path (Bridge's GPT / hybrid providers and Megatron-LM turn it on where
+        # the fused kernel exists; data/coverage.yaml names `false` as not modelled)
+        wgrad_dummies=bool(_extra(w, "gradient_accumulation_fusion", True))
+        and _te_at_least(w, "2.3.0.dev0") and lora is None
+        and (not w.te_version or str(w.te_version).strip().lower() not in TE_ABSENT),
+        grouped_dummies=_te_at_least(w, "2.10.0.dev0"),
     )

@@ -8,7 +8,8 @@ parameters and over the expert-data-parallel group DP*TP*CP/(EP*ETP) for routed
 experts (the split Megatron Bridge's estimator uses). The gradient buffer is not
 sharded by the distributed optimizer. FP8 training keeps a quantized copy of each
 linear weight (row-wise and column-wise/transposed: 2 bytes per parameter) between
-micro-batches.
+micro-batches. Under gradient_accumulation_fusion each distinct weight shape also keeps one
+16-bit dummy weight gradient from its first backward on (`dummy_wgrad_bytes`).
 """
 
 from __future__ import annotations
@@ -109,6 +110,92 @@ def mtp_parts(sh: Shape) -> list:
     (MultiTokenPredictionLayer, mtp:666-720 @ core_v0.16.1; mtp:1157-1247 @ d98e8a6)."""
     return [Part("MTP enorm, hnorm and final norm", 3 * _norm(sh, sh.h), "rep", False),
             Part("MTP eh_proj", 2 * sh.h * sh.h, "tp", True)]
+
+
+def _glu(sh: Shape) -> int:
+    return 2 if sh.gated else 1
+
+
+def _attention_wgrads(sh: Shape) -> list:
+    h, a, t = sh.h, sh.a, sh.t
+    if sh.mla:
+        qk = sh.dqk + sh.dr
+        q = ([(sh.q_lora, h), (a * qk / t, sh.q_lora)] if sh.q_lora else [(a * qk / t, h)])
+        return q + [(sh.kv_lora + sh.dr, h), (a * (sh.dqk + sh.dv) / t, sh.kv_lora),
+                    (h, a * sh.dv / t)]
+    return [((a + 2 * sh.g) * sh.d / t, h), (h, a * sh.d / t)]
+
+
+def _mlp_wgrads(sh: Shape) -> list:
+    return [(_glu(sh) * sh.f / sh.t, sh.h), (sh.h, sh.f / sh.t)]
+
+
+def _moe_wgrads(sh: Shape) -> list:
+    out = []
+    if sh.grouped_dummies or not sh.grouped:
+        out += [(_glu(sh) * sh.f_e / sh.etp, sh.h), (sh.h, sh.f_e / sh.etp)]
+    if sh.f_s:
+        out += [(_glu(sh) * sh.f_s / sh.t, sh.h), (sh.h, sh.f_s / sh.t)]
+    return out
+
+
+def _mamba_wgrads(sh: Shape) -> list:
+    di = sh.mamba_heads * sh.mamba_head_dim
+    gs = 2 * sh.mamba_groups * sh.mamba_state
+    return [((2 * di + gs + sh.mamba_heads) / sh.t, sh.h), (sh.h, di / sh.t)]
+
+
+def _gdn_wgrads(sh: Shape) -> list:
+    qk, v, nv = sh.gdn_qk, sh.gdn_v, sh.gdn_nv
+    return [((2 * qk + 2 * v + 2 * nv) / sh.t, sh.h), (sh.h, v / sh.t)]
+
+
+KIND_WGRADS = {
+    "attn+mlp": (_attention_wgrads, _mlp_wgrads),
+    "attn+moe": (_attention_wgrads, _moe_wgrads),
+    "attn": (_attention_wgrads,),
+    "mlp": (_mlp_wgrads,),
+    "moe": (_moe_wgrads,),
+    "mamba": (_mamba_wgrads,),
+    "gdn": (_gdn_wgrads,),
+}
+
+
+def dummy_wgrad_bytes(sh: Shape, kinds, last_stage: bool, mtp_kinds=()) -> float:
+    """The dummy weight gradients a rank keeps under gradient_accumulation_fusion: one 16-bit
+    tensor per distinct local weight shape of its GEMMs, the output layer's [V/t, h] on the last
+    stage included.
+
+    The fused wgrad GEMM writes into main_grad, and the backward still hands autograd a tensor
+    of the weight's shape: megatron-core's own linears (the output layer, every linear of the
+    local spec) take it from Transformer Engine's get_dummy_wgrad (tensor_parallel/layers.py:602 @
+    core_v0.16.1, :592 @ core_v0.17.1, :631 @ core_v0.18.2, :713 @ core_v0.19.0), as do TE's
+    Linear and LayerNormLinear (linear.py:741-747, layernorm_linear.py:850-856 @ TE v2.3)
+    for every parameter DDP marks with grad_added_to_main_grad (distributed_data_parallel.py:119
+    @ core_v0.16.1, :122 @ core_v0.19.0). get_dummy_wgrad keeps one tensor per (shape, dtype) in
+    a module-level dict that is never emptied (pytorch/module/base.py:89-100 @ TE v2.3). TE's
+    GroupedLinear (grouped GEMM experts) uses it from v2.10 (grouped_linear.py:459-465); before
+    that it made a fresh tensor per expert each backward (grouped_linear.py:457 @ v2.9), freed
+    with it. The MTP depths add eh_proj's [h/t, 2h] (multi_token_prediction.py:1000-1012 @
+    core_v0.19.0); the router's weight gradient is a fresh tensor each backward (moe_utils.py:
+    1363-1374 @ core_v0.19.0), no dummy."""
+    if not sh.wgrad_dummies:
+        return 0.0
+    return _dummy_wgrad_bytes(sh, frozenset(kinds) | frozenset(mtp_kinds), last_stage,
+                              bool(mtp_kinds))
+
+
+@lru_cache(maxsize=1024)
+def _dummy_wgrad_bytes(sh: Shape, kinds: frozenset, last_stage: bool, mtp: bool) -> float:
+    shapes = set()
+    for kind in kinds:
+        for fn in KIND_WGRADS[kind]:
+            shapes.update((round(r), round(c)) for r, c in fn(sh))
+    if mtp:
+        shapes.add((round(sh.h / sh.t), 2 * sh.h))
+    if last_stage and sh.vocab:
+        shapes.add((round(sh.vocab_), sh.h))
+    return float(sh.elt * sum(r * c for r, c in shapes))
 
 
 KIND_PARTS = {
@@ -212,7 +299,8 @@ def optimizer_state_bytes(w, half: bool) -> tuple:
 def static_bytes(sh: Shape, params: RankParams, *, dp: int, distributed: bool,
                  grad_fp32: bool, fp8_param: bool, residual: int,
                  optimizer_bytes: float | None = None, global_buffer: float = 0.0,
-                 trainable: RankParams | None = None, trainable_bytes: float | None = None) -> dict:
+                 dummy_wgrads: float = 0.0, trainable: RankParams | None = None,
+                 trainable_bytes: float | None = None) -> dict:
     """Static memory of one rank by term (bytes). `trainable`: with a frozen base (LoRA), the
     parameters that train (the adapters, `trainable_bytes` each): only they get gradient
     buffers and optimizer state, as megatron-core builds both for requires_grad parameters
@@ -244,7 +332,7 @@ def static_bytes(sh: Shape, params: RankParams, *, dp: int, distributed: bool,
         copies = base.linear * per      # the base GEMMs' low-precision weights (adapters stay 16-bit)
     out = {"weights": round(weights), "grads": round(grads), "optimizer": round(optimizer),
            "fp8_weight_copies": round(copies), "global_buffer": round(global_buffer),
-           "residual": int(residual)}
+           "dummy_wgrads": round(dummy_wgrads), "residual": int(residual)}
     if trainable is not None:
         out["lora_adapters"] = round(adapters)
     return out

@@ -56,8 +56,8 @@ class RankMemory:
     peak_term: str                   # which term set the peak
     activations: dict = field(default_factory=dict)   # component -> bytes (sums to activation_bytes)
     static: dict = field(default_factory=dict)        # weights, grads, optimizer, fp8_weight_copies,
-    #                                                   global_buffer, cuda_graph_buffers,
-    #                                                   flex_buffers, residual
+    #                                                   global_buffer, dummy_wgrads,
+    #                                                   cuda_graph_buffers, flex_buffers, residual
     in_flight_microbatches: float = 0.0               # in units of this rank's whole layer set
     transients: dict = field(default_factory=dict)    # candidate transient -> bytes
     params: int = 0                                   # parameters held by this rank (all chunks)
