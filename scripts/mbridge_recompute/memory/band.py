@@ -32,7 +32,7 @@ MODEL_OVER = 0.10         # measured below the prediction by up to this share
 CALIBRATED_DELTA = (0.25, 0.5)       # (below, above), of |candidate - measured setting|
 # Dropless MoE without forced balancing: the hottest EP rank can receive up to twice the
 # balanced tokens early in training: the Moonlight 16B sweep (max over printed ranks after
-# iteration 2) needs 2.2x on its routed-token tensors (-13.4 % without); the MoE/MLA
+# iteration 2) needs about 2x on its routed-token tensors (-12.2 % without); the MoE/MLA
 # functional test's peak drifts +4 % from iteration 2 to 50.
 IMBALANCE = 0.5           # extra routed-token activations as a share of the MoE component
 # what of it is left once a measured run anchors the plan: the peaks of the long MoE runs in the
