@@ -79,3 +79,15 @@ def test_layernorm_has_nothing_to_recompute_only_where_every_norm_is_fused():
     assert len(separate_norms(["attn+mlp"], te=False, mla=False)) == 2
     with pytest.raises(ValueError):
         norm_fused("qk", True)
+
+
+def test_every_block_of_every_layer_kind_has_its_tensors_parameters_and_weight_shapes():
+    """layer_spec.LAYER_BLOCKS is the one map of layer kind -> blocks: the saved tensors, the
+    static parameters and the dummy weight-gradient shapes are each given for exactly its blocks."""
+    from mbridge_recompute.layer_spec import LAYER_BLOCKS
+    from mbridge_recompute.memory.static import BLOCK_PARTS, BLOCK_WGRADS
+    from mbridge_recompute.memory.tensors import BLOCK_TENSORS
+
+    blocks = {b for kind in LAYER_BLOCKS.values() for b in kind}
+    assert blocks == {"attn", "mlp", "moe", "mamba", "gdn"}
+    assert set(BLOCK_TENSORS) == set(BLOCK_PARTS) == set(BLOCK_WGRADS) == blocks

@@ -17,6 +17,12 @@ from __future__ import annotations
 
 NORMS = ("attention", "mlp")       # the input norm, the pre-MLP norm
 
+# The blocks each layer kind holds, in forward order (Workload.layer_kinds): the one map the
+# memory model's tensors, static parts, dummy weight gradients, LoRA adapters and CUDA-graph
+# pools all walk.
+LAYER_BLOCKS = {"attn+mlp": ("attn", "mlp"), "attn+moe": ("attn", "moe"), "attn": ("attn",),
+                "mlp": ("mlp",), "moe": ("moe",), "mamba": ("mamba",), "gdn": ("gdn",)}
+
 
 def norm_fused(norm: str, te: bool, mla: bool = False, moe: bool = False) -> bool:
     """Whether `norm` ('attention' or 'mlp') of a layer is fused into the GEMM after it."""

@@ -37,9 +37,10 @@ from __future__ import annotations
 from typing import NamedTuple, Optional
 
 from mbridge_recompute.errors import InputError
+from mbridge_recompute.layer_spec import LAYER_BLOCKS
 from mbridge_recompute.memory.recompute import block_mods
 from mbridge_recompute.memory.shape import Shape
-from mbridge_recompute.memory.tensors import BLOCK_NAMES, BLOCKS
+from mbridge_recompute.memory.tensors import BLOCK_TENSORS
 
 DEFAULT_WARMUP_STEPS = 3      # transformer_config.py:769 @ core_v0.16.1 (same through main)
 
@@ -121,9 +122,8 @@ def graphed_layer_bytes(sh: Shape, kind: str, mods: frozenset, g: Graphs) -> flo
     else:
         scopes = set(g.scopes)
     out = 0.0
-    for block in BLOCKS[kind]:
-        name = BLOCK_NAMES[block.__name__]
-        tensors = block(sh, block_mods(mods, name))
+    for name in LAYER_BLOCKS[kind]:
+        tensors = BLOCK_TENSORS[name](sh, block_mods(mods, name))
         if name in scopes:
             out += sum(x.nbytes for x in tensors)
         elif name == "moe" and "moe_router" in scopes:

@@ -32,6 +32,7 @@ from __future__ import annotations
 
 from typing import NamedTuple, Optional
 
+from mbridge_recompute.layer_spec import LAYER_BLOCKS
 from mbridge_recompute.memory.types import RankParams, Saved
 
 COLUMN, ROW, EXPERT_COLUMN, EXPERT_ROW, REPLICATED = "col", "row", "ecol", "erow", "rep"
@@ -105,11 +106,6 @@ def linears(sh, block: str) -> list:
     return []
 
 
-# the blocks each layer kind holds (memory/tensors.py BLOCKS)
-KIND_BLOCKS = {"attn+mlp": ("attn", "mlp"), "attn+moe": ("attn", "moe"), "attn": ("attn",),
-               "mlp": ("mlp",), "moe": ("moe",), "mamba": ("mamba",), "gdn": ("gdn",)}
-
-
 def _rank(sh, lin: Linear) -> int:
     lora = sh.lora
     if lin.split in (EXPERT_COLUMN, EXPERT_ROW) and lora.normalize_moe and sh.k:
@@ -140,7 +136,7 @@ def adapter_count(sh, lin: Linear) -> tuple:
 def layer_adapter_params(sh, kind: str) -> tuple:
     """(dense, expert) adapter parameters of one layer of `kind` on one rank."""
     dense = expert = 0.0
-    for block in KIND_BLOCKS[kind]:
+    for block in LAYER_BLOCKS[kind]:
         for lin in adapted(sh, block):
             n, is_expert = adapter_count(sh, lin)
             if is_expert:

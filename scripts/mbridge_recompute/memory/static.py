@@ -17,6 +17,7 @@ from __future__ import annotations
 from functools import lru_cache
 from typing import NamedTuple
 
+from mbridge_recompute.layer_spec import LAYER_BLOCKS
 from mbridge_recompute.memory.shape import Shape
 from mbridge_recompute.memory.types import RankParams
 
@@ -150,15 +151,9 @@ def _gdn_wgrads(sh: Shape) -> list:
     return [((2 * qk + 2 * v + 2 * nv) / sh.t, sh.h), (sh.h, v / sh.t)]
 
 
-KIND_WGRADS = {
-    "attn+mlp": (_attention_wgrads, _mlp_wgrads),
-    "attn+moe": (_attention_wgrads, _moe_wgrads),
-    "attn": (_attention_wgrads,),
-    "mlp": (_mlp_wgrads,),
-    "moe": (_moe_wgrads,),
-    "mamba": (_mamba_wgrads,),
-    "gdn": (_gdn_wgrads,),
-}
+# block name (layer_spec.LAYER_BLOCKS) -> the (rows, columns) of its local GEMM weights
+BLOCK_WGRADS = {"attn": _attention_wgrads, "mlp": _mlp_wgrads, "moe": _moe_wgrads,
+                "mamba": _mamba_wgrads, "gdn": _gdn_wgrads}
 
 
 def dummy_wgrad_bytes(sh: Shape, kinds, last_stage: bool, mtp_kinds=()) -> float:
@@ -189,8 +184,8 @@ def dummy_wgrad_bytes(sh: Shape, kinds, last_stage: bool, mtp_kinds=()) -> float
 def _dummy_wgrad_bytes(sh: Shape, kinds: frozenset, last_stage: bool, mtp: bool) -> float:
     shapes = set()
     for kind in kinds:
-        for fn in KIND_WGRADS[kind]:
-            shapes.update((round(r), round(c)) for r, c in fn(sh))
+        for name in LAYER_BLOCKS[kind]:
+            shapes.update((round(r), round(c)) for r, c in BLOCK_WGRADS[name](sh))
     if mtp:
         shapes.add((round(sh.h / sh.t), 2 * sh.h))
     if last_stage and sh.vocab:
@@ -198,22 +193,16 @@ def _dummy_wgrad_bytes(sh: Shape, kinds: frozenset, last_stage: bool, mtp: bool)
     return float(sh.elt * sum(r * c for r, c in shapes))
 
 
-KIND_PARTS = {
-    "attn+mlp": (_attention_parts, _mlp_parts),
-    "attn+moe": (_attention_parts, _moe_parts),
-    "attn": (_attention_parts,),
-    "mlp": (_mlp_parts,),
-    "moe": (_moe_parts,),
-    "mamba": (_mamba_parts,),
-    "gdn": (_gdn_parts,),
-}
+# block name (layer_spec.LAYER_BLOCKS) -> its parameters
+BLOCK_PARTS = {"attn": _attention_parts, "mlp": _mlp_parts, "moe": _moe_parts,
+               "mamba": _mamba_parts, "gdn": _gdn_parts}
 
 
 @lru_cache(maxsize=256)
 def layer_parts(sh: Shape, kind: str) -> tuple:
     out = []
-    for fn in KIND_PARTS[kind]:
-        out.extend(fn(sh))
+    for name in LAYER_BLOCKS[kind]:
+        out.extend(BLOCK_PARTS[name](sh))
     return tuple(out)
 
 

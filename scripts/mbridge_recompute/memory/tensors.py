@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from functools import lru_cache
 
-from mbridge_recompute.layer_spec import norm_fused
+from mbridge_recompute.layer_spec import LAYER_BLOCKS, norm_fused
 from mbridge_recompute.memory import lora
 from mbridge_recompute.memory.recompute import block_mods
 from mbridge_recompute.memory.shape import Shape
@@ -370,27 +370,17 @@ def _attention(sh: Shape, mods: frozenset) -> list:
     return _attention_mla(sh, mods) if sh.mla else _attention_gqa(sh, mods)
 
 
-BLOCK_NAMES = {"_attention": "attn", "_mlp": "mlp", "_moe": "moe", "_mamba": "mamba", "_gdn": "gdn"}
-
-BLOCKS = {
-    "attn+mlp": (_attention, _mlp),
-    "attn+moe": (_attention, _moe),
-    "attn": (_attention,),
-    "mlp": (_mlp,),
-    "moe": (_moe,),
-    "mamba": (_mamba,),
-    "gdn": (_gdn,),
-}
+# block name (layer_spec.LAYER_BLOCKS) -> what it keeps for backward
+BLOCK_TENSORS = {"attn": _attention, "mlp": _mlp, "moe": _moe, "mamba": _mamba, "gdn": _gdn}
 
 
 @lru_cache(maxsize=8192)
 def layer_tensors(sh: Shape, kind: str, mods: frozenset) -> tuple:
     """Saved tensors of one layer of `kind` for one micro-batch under selective labels `mods`."""
     out = []
-    for block in BLOCKS[kind]:
-        name = BLOCK_NAMES[block.__name__]
+    for name in LAYER_BLOCKS[kind]:
         here = block_mods(mods, name)
-        out.extend(block(sh, here))
+        out.extend(BLOCK_TENSORS[name](sh, here))
         out.extend(lora.saved(sh, name, here))      # LoRA adapters of the block, if any
     return tuple(out)
 
