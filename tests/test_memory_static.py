@@ -184,13 +184,16 @@ def test_every_rank_keeps_one_dummy_wgrad_per_weight_shape_and_the_last_stage_th
     assert r.static_bytes == sum(r.static.values())
 
 
-def test_no_dummy_wgrads_without_gradient_accumulation_fusion_or_before_te_2_3():
+def test_no_dummy_wgrads_without_gradient_accumulation_fusion_or_before_te_2_2_1():
+    """get_dummy_wgrad and its cache arrived in TE 2.2.1 (module/base.py:46,82 @ v2.2.1; absent
+    at v2.2): before it, the fused backward's placeholder died with each backward."""
     w = llama70b(tensor_model_parallel_size=8, pipeline_model_parallel_size=8, num_gpus=64)
     off = w.replace(extra_model={"gradient_accumulation_fusion": False})
     assert _dummies(w) > 0
     assert _dummies(off) == 0
     assert estimate(w).ranks[-1].static_bytes - estimate(off).ranks[-1].static_bytes == _dummies(w)
     assert _dummies(w.replace(te_version="2.2.0")) == 0
+    assert _dummies(w.replace(te_version="2.2.1")) == _dummies(w)
     for absent in ("0.0.0", "none"):                         # no TE: megatron-core's fresh tensors
         assert _dummies(w.replace(te_version=absent)) == 0
 
@@ -215,5 +218,5 @@ def test_grouped_gemm_experts_keep_dummy_wgrads_only_from_te_2_10():
     experts = 2 * (4096 * 7168 + 7168 * 2048)
     new, old = w.replace(te_version="2.10.0"), w.replace(te_version="2.9.0")
     assert _dummies(new) - _dummies(old) == experts
-    # sequential experts are TE Linears: their dummies exist on every TE from 2.3
+    # sequential experts are TE Linears: their dummies exist on every TE from 2.2.1
     assert _dummies(old.replace(moe_grouped_gemm=False)) - _dummies(old) == experts

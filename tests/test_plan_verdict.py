@@ -214,3 +214,39 @@ def test_memory_model_says_the_band_coverage_is_in_sample_and_what_the_table_lac
     gpus = {c["platform"].split(" x ")[-1].replace("dgx_", "").upper()[:5] for c in CASES.values()}
     assert {g[:4] for g in gpus} == {"H100", "A100", "GB20"}
     assert "only H100, A100 and GB200 runs" in prose
+
+
+def test_an_error_of_recompute_itself_is_not_a_rejection_of_the_workload():
+    """Layer-level CPU offloading refuses any recompute (cpu-offloading-with-recompute), the []
+    control included, but not recompute off: the workload is not rejected, no recompute is the
+    answer, and every recompute candidate is rejected by that rule."""
+    from conftest import run_script
+
+    sets = ["model.cpu_offloading=true", "model.cpu_offloading_num_layers=1",
+            "model.recompute_granularity=null", "model.recompute_method=null",
+            "model.recompute_num_layers=null", "model.recompute_modules=[]",
+            "model.seq_length=1024", "model.num_layers=8"]
+    path = str(EXAMPLES / "check_recipe_leftover_full.yaml")
+    r = plan(load_workload(path, sets=sets)).to_dict()
+    assert r["workload_findings"] == [] and r["fits"]
+    assert r["recommendation"]["name"] == "none"
+    recomputing = [c for c in r["candidates"] if c["name"] != "none"]
+    assert recomputing and all("cpu-offloading-with-recompute" in c["rejected_by"] for c in recomputing)
+    text = run_script("plan", path, *[a for s in sets for a in ("--set", s)])
+    assert text.returncode == 0 and "REJECTED" not in text.stdout, text.stdout[-1500:]
+
+
+def test_a_rejected_pipeline_split_names_only_what_no_recompute_setting_fixes():
+    """32 layers on PP 3 (pp-does-not-divide-layers) with a recipe's leftover full-recompute keys
+    under selective: only the split is 'under every setting'; no figures follow the banner."""
+    from conftest import run_script
+
+    path = str(EXAMPLES / "check_recipe_leftover_full.yaml")
+    sets = ["model.pipeline_model_parallel_size=3", "cluster.num_gpus=24"]
+    r = plan(load_workload(path, sets=sets)).to_dict()
+    ids = [f["id"] for f in r["workload_findings"]]
+    assert ids == ["pp-does-not-divide-layers"], ids
+    text = run_script("plan", path, *[a for s in sets for a in ("--set", s)])
+    assert text.returncode == 1
+    first = text.stdout.splitlines()[0]
+    assert first.startswith("REJECTED") and "figures below" not in first, first

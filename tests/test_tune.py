@@ -394,3 +394,18 @@ def test_a_workload_rejected_under_every_setting_starts_no_run(bridge, tmp_path)
         assert p.returncode == 1, (p.stdout[-2000:], p.stderr[-2000:])
         assert p.stderr.count("\n") == 1 and "mxfp8-needs-sm100" in p.stderr, p.stderr
         assert served(env) == [] and not (tmp_path / "out").exists()
+
+
+def test_a_pipeline_split_megatron_core_rejects_starts_no_run_and_no_traceback(bridge, tmp_path):
+    """27 layers on PP 2 (pp-does-not-divide-layers): nothing can be priced or run; tune says so
+    in one line, exit 1."""
+    repo, env = bridge
+    args = list(MOONLIGHT_ARGS)
+    args[args.index("-ng") + 1], args[args.index("-pp") + 1] = "16", "2"
+    p = run_script("tune", EXAMPLES / "moonlight_16b.yaml", "--repo", repo, "--set",
+                   "model.pipeline_model_parallel_size=2", "--set", "model.num_layers=27",
+                   "--set", "cluster.num_gpus=16", "--out", tmp_path / "out", "--", *args,
+                   env={**env, "REPLAY_SWEEP": str(MOONLIGHT)}, timeout=300)
+    assert p.returncode == 1 and "Traceback" not in p.stderr, p.stderr[-2000:]
+    assert p.stderr.count("\n") == 1 and "pipeline split" in p.stderr, p.stderr
+    assert served(env) == [] and not (tmp_path / "out").exists()

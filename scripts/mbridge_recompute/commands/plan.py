@@ -149,8 +149,9 @@ def render_text(r) -> str:
     # a workload refused under every setting is said before anything else: no figure below runs
     head = []
     if r.workload_findings:
-        head.append("REJECTED under every recompute setting: fix the workload first; the memory "
-                    "figures below hold only once it is fixed (exit 1):")
+        head.append("REJECTED under every recompute setting: fix the workload first"
+                    + ("; the memory figures below hold only once it is fixed" if r.estimate is not None
+                       else "") + " (exit 1):")
         head += [f"  {f['id']}: {f['message']}" for f in r.workload_findings]
     # what the input left open and the loader decided moves every figure below: said first
     head += [f"note: {note}" for note in wl.get("input_notes", [])]

@@ -381,7 +381,13 @@ def assumptions(w, sh: Shape, knobs: Knobs) -> list:
                    "weight shape keeps one 16-bit dummy weight gradient (Transformer Engine's "
                    "get_dummy_wgrad cache; on the last stage the output layer's [V/t, h]), counted "
                    "as static dummy_wgrads" + ("." if sh.grouped_dummies else
-                                               "; grouped-GEMM experts only from TE 2.10."))
+                                               "; grouped-GEMM experts only from TE 2.10.")
+                   + (" Unset, it is taken as on, as Bridge's providers and Megatron-LM's "
+                      "arguments default it where the fused kernel exists (gpt_provider.py:205 @ "
+                      "megatron-bridge v0.6.0; --no-gradient-accumulation-fusion); "
+                      "TransformerConfig's own default is off (model_parallel_config.py:168 @ "
+                      "core_v0.16.1): set it false for a run that leaves it so."
+                      if _extra_unset(w, "gradient_accumulation_fusion") else ""))
     if not w.te_version:
         out.append("Transformer Engine is assumed >= 2.7, so set_save_original_input applies "
                    "where MCore uses it (fp8 recipes other than delayed, fp4).")
@@ -613,3 +619,8 @@ def per_layer(w, sh: Shape, mode: RecomputeMode) -> dict:
             "full_recompute_keeps": round(checkpoint_bytes(sh, mode.distribute)),
         }
     return out
+
+
+def _extra_unset(w, name: str) -> bool:
+    extra = w.extra_model if isinstance(w.extra_model, dict) else {}
+    return extra.get(name) is None

@@ -121,7 +121,7 @@ class Shape:
     offload: frozenset          # offload_modules in force (fine-grained activation offloading)
     router_fp32: bool           # moe_router_dtype fp32/fp64: probs, and combine temporaries, in fp32
     lora: Optional[tuple] = None  # memory/lora.Lora: LoRA adapters on a frozen base (Bridge peft:)
-    # gradient_accumulation_fusion with TE >= 2.3: each weight shape's cached dummy wgrad
+    # gradient_accumulation_fusion with TE >= 2.2.1: each weight shape's cached dummy wgrad
     # (memory/static.dummy_wgrad_bytes); grouped_dummies: TE GroupedLinear too (TE >= 2.10)
     wgrad_dummies: bool = False
     grouped_dummies: bool = False
@@ -259,7 +259,7 @@ def shape_of(w, knobs) -> Shape:
         # unset: the fused path (Bridge's GPT / hybrid providers and Megatron-LM turn it on where
         # the fused kernel exists; data/coverage.yaml names `false` as not modelled)
         wgrad_dummies=bool(_extra(w, "gradient_accumulation_fusion", True))
-        and _te_at_least(w, "2.3.0.dev0") and lora is None
+        and _te_at_least(w, "2.2.1") and lora is None
         and (not w.te_version or str(w.te_version).strip().lower() not in TE_ABSENT),
         grouped_dummies=_te_at_least(w, "2.10.0.dev0"),
     )

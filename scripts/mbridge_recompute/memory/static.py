@@ -165,10 +165,11 @@ def dummy_wgrad_bytes(sh: Shape, kinds, last_stage: bool, mtp_kinds=()) -> float
     of the weight's shape: megatron-core's own linears (the output layer, every linear of the
     local spec) take it from Transformer Engine's get_dummy_wgrad (tensor_parallel/layers.py:602 @
     core_v0.16.1, :592 @ core_v0.17.1, :631 @ core_v0.18.2, :713 @ core_v0.19.0), as do TE's
-    Linear and LayerNormLinear (linear.py:741-747, layernorm_linear.py:850-856 @ TE v2.3)
-    for every parameter DDP marks with grad_added_to_main_grad (distributed_data_parallel.py:119
-    @ core_v0.16.1, :122 @ core_v0.19.0). get_dummy_wgrad keeps one tensor per (shape, dtype) in
-    a module-level dict that is never emptied (pytorch/module/base.py:89-100 @ TE v2.3). TE's
+    Linear and LayerNormLinear (linear.py:741-747, layernorm_linear.py:850-856 @ TE v2.3;
+    linear.py:692-698 @ v2.2.1) for every parameter DDP marks with grad_added_to_main_grad
+    (distributed_data_parallel.py:119 @ core_v0.16.1, :122 @ core_v0.19.0). get_dummy_wgrad keeps
+    one tensor per (shape, dtype) in a module-level dict that is never emptied
+    (pytorch/module/base.py:89-100 @ TE v2.3, :82 @ v2.2.1; absent at v2.2). TE's
     GroupedLinear (grouped GEMM experts) uses it from v2.10 (grouped_linear.py:459-465); before
     that it made a fresh tensor per expert each backward (grouped_linear.py:457 @ v2.9), freed
     with it. The MTP depths add eh_proj's [h/t, 2h] (multi_token_prediction.py:1000-1012 @

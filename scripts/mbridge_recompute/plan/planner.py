@@ -22,7 +22,7 @@ from mbridge_recompute.plan.pricing import Pricer
 from mbridge_recompute.plan.report import PlanReport
 from mbridge_recompute.plan.search import grid_words, mark_dominated, order, recommend, refine
 from mbridge_recompute.plan.summary import workload_summary
-from mbridge_recompute.rules.findings import disabled_by, errors
+from mbridge_recompute.rules.findings import disabled_by
 from mbridge_recompute.setting import RecomputeSetting
 
 
@@ -74,7 +74,7 @@ def plan(w, version=None, **options) -> PlanReport:
         rec, free = free_memory(cands, current, asked.need, target)
         fits = rec is not None
         verdict = "fits" if fits else "no"
-    rejected = errors(pricer.baseline["findings"])
+    rejected = pricer.workload_errors
     if rejected:
         # megatron-core (or Bridge, or the GPU) refuses the workload under every setting: no
         # memory figure makes it run, so nothing "fits" and the exit is 1 (the text says why first)
@@ -210,13 +210,15 @@ def _bug_warnings(report) -> list:
 
 def _refused(w, release, asked, q) -> PlanReport:
     """A pipeline split megatron-core rejects: nothing to price, the findings say why."""
+    from mbridge_recompute.plan.pricing import unfixable
     from mbridge_recompute.rules import check_workload
 
-    found = check_workload(w, validator="builtin", version=release)
+    control, off = (check_workload(s.apply(w), validator="builtin", version=release)
+                    for s in (RecomputeSetting.selective(), RecomputeSetting.off()))
     problems = ", ".join(p.cid for p in place(w, release).problems)
     return PlanReport(workload=workload_summary(w, RecomputeSetting.from_workload(w)),
                       budget_bytes=asked.budget, estimate=None, labels=[], candidates=[],
                       current=None, recommendation=None, fits=False,
                       diagnosis=sentences.refused(problems), calibration=None,
-                      workload_findings=errors(found["findings"]), assumptions=[asked.budget_text],
+                      workload_findings=unfixable(control, off), assumptions=[asked.budget_text],
                       top=q.top, release=release)

@@ -8,6 +8,13 @@ from mbridge_recompute.rules.findings import disabled_by, errors
 from mbridge_recompute.setting import RecomputeSetting
 
 
+def unfixable(control: dict, off: dict) -> list:
+    """The error findings of the [] control's check that the recompute-free setting's check has
+    too: what no recompute setting can fix (a GPU, precision, release or layout rule)."""
+    ids = {f["id"] for f in errors(off["findings"])}
+    return [f for f in errors(control["findings"]) if f["id"] in ids]
+
+
 class Pricer:
     """Prices settings of one workload against one release, with the [] control's errors as
     the baseline (a candidate is rejected only by what it adds)."""
@@ -24,12 +31,16 @@ class Pricer:
         self.reference_step = memory.step_cost(self.reference)   # once: every price compares to it
         self._check = lambda with_setting: check_workload(with_setting, validator="builtin", version=version)
         self.baseline = self._check(RecomputeSetting.selective().apply(w))
-        self.baseline_errors = frozenset(f["id"] for f in errors(self.baseline["findings"]))
+        # what no recompute setting fixes: the [] control's errors that recompute off has too (an
+        # error of the [] control alone, e.g. cpu-offloading-with-recompute, rejects candidates)
+        self.workload_errors = unfixable(self.baseline, self._check(RecomputeSetting.off().apply(w)))
+        self.baseline_errors = frozenset(f["id"] for f in self.workload_errors)
         self._release_key = None
 
     def findings(self, setting: RecomputeSetting) -> list:
         """The findings `setting` adds over the [] control."""
-        seen = {f["id"] for f in self.baseline["findings"]}
+        seen = {f["id"] for f in self.baseline["findings"]
+                if f["severity"] != "error" or f["id"] in self.baseline_errors}
         return [f for f in self._check(setting.apply(self.w))["findings"] if f["id"] not in seen]
 
     def price(self, setting: RecomputeSetting, findings: list | None = None) -> Candidate:

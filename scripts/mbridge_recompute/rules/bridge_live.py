@@ -29,7 +29,7 @@ from pathlib import PurePath
 from typing import Optional
 
 from mbridge_recompute.facts import card
-from mbridge_recompute.inputs.values import TE_ABSENT
+from mbridge_recompute.workload import TE_ABSENT
 
 CLEARED_ENV = ("NVTE_CPU_OFFLOAD_V1",)
 

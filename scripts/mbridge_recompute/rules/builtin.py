@@ -29,12 +29,12 @@ from dataclasses import dataclass, field
 from typing import Callable, Optional
 
 from mbridge_recompute.facts import card, releases
-from mbridge_recompute.inputs.values import TE_ABSENT  # what te_version says when TE is absent
 from mbridge_recompute.layer_spec import separate_norms
 from mbridge_recompute.memory.graphs import capture as _capture
 from mbridge_recompute.memory.graphs import scope_names as _names
 from mbridge_recompute.placement import place
 from mbridge_recompute.rules.findings import finding, report
+from mbridge_recompute.workload import TE_ABSENT  # what te_version says when TE is absent
 
 # Modules fine-grained offloading may move inside a MoE layer (tc:1874-1884 @ core_v0.19.0).
 MOE_INTERNALS = ("moe_act", "expert_fc1", "fused_group_mlp")

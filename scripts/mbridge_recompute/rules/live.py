@@ -31,10 +31,10 @@ from pathlib import PurePath
 from typing import Optional
 
 from mbridge_recompute.facts import card, releases
-from mbridge_recompute.inputs.values import TE_ABSENT
 from mbridge_recompute.rules import bridge_live, builtin
 from mbridge_recompute.rules.findings import finding, report
 from mbridge_recompute.rules.mcore_config import config_kwargs, te_importable
+from mbridge_recompute.workload import TE_ABSENT
 
 # The files whose raise/warn sites __post_init__ runs, by the card's abbreviations.
 CONFIG_FILES = {a: PurePath(card.load()["abbreviations"][a]).name for a in ("tc", "mpc", "cgc")}
