@@ -22,12 +22,13 @@ if str(ROOT / "tests" / "tools") not in sys.path:
     sys.path.insert(0, str(ROOT / "tests" / "tools"))
 
 
-def need_mirror(name: str) -> None:
+def need_mirror(name: str, *revs: str) -> None:
     """Fail (never skip) the calling test when the git mirror `name` ('Megatron-LM' or 'Megatron
-    Bridge', tests/tools/mirrors.py) is absent: what it reads exists in no package."""
+    Bridge', tests/tools/mirrors.py) is absent or lacks a revision in `revs`: what it reads
+    exists in no package."""
     from mirrors import missing
 
-    why = missing(name)
+    why = missing(name, *revs)
     if why:
         pytest.fail(why, pytrace=False)
 

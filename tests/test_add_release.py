@@ -140,7 +140,7 @@ def test_the_bridge_harness_flags_read_at_each_tag_are_the_recorded_ones(key, ta
     spellings, arity, choices, required, append and line are data/bridge_harness_flags.json's, and
     the recompute tests the card lists for the release exist there. Needs the Bridge git mirror
     ($BRIDGE_MIRROR); no package carries the harness (the 0.6.2 wheel ships no scripts/)."""
-    need_mirror("Megatron Bridge")
+    need_mirror("Megatron Bridge", tag)
     b = add_release.bridge_release(tag)
     recorded = json.loads((ROOT / "scripts/mbridge_recompute/data/bridge_harness_flags.json").read_text())
     assert b["flags"] == recorded["releases"][key]["flags"]
@@ -173,7 +173,7 @@ def test_rules_only_main_had_are_found_in_the_release_they_arrived_in():
     """With Megatron-LM main's tree (the git mirror), the rules the card holds only from 0.19 on
     are re-found in the 0.19.2 wheel by main's text, at the card's 0.19 lines (in files 0.19.2
     did not change) or with main's code (in the ones it did)."""
-    need_mirror("Megatron-LM")
+    need_mirror("Megatron-LM", card.load()["releases"]["main"]["commit"])
     main = add_release.Tree(add_release.MLM_MIRROR, card.load()["releases"]["main"]["commit"])
     new = add_release.Tree(root=_site_dir("0.19.2"))
     change = add_release.add("0.19", new, previous="0.18", old=add_release.Tree(root=_site_dir("0.18.2")),

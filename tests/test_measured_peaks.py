@@ -116,7 +116,7 @@ def upstream_report():
 
     from conftest import need_mirror
 
-    need_mirror("Megatron-LM")
+    need_mirror("Megatron-LM", "d98e8a6")
     src = subprocess.run(["git", "--git-dir", str(MLM_MIRROR), "show",
                           "d98e8a6:megatron/training/theoretical_memory_usage.py"],
                          capture_output=True, text=True, check=True).stdout

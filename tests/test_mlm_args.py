@@ -122,9 +122,9 @@ def test_the_written_down_definitions_are_that_releases_parser(release, tmp_path
     import sys
 
     sys.path.insert(0, str(ROOT / "tests" / "tools"))
-    from gen_mlm_arguments import post_training_dir
+    from gen_mlm_arguments import POST_TRAINING_TAG, post_training_dir
 
-    need_mirror("Megatron-LM")
+    need_mirror("Megatron-LM", POST_TRAINING_TAG[release])
     env_spec = release_env(release)
     extra = post_training_dir(release, tmp_path)
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([env_spec["pythonpath"], str(extra)]))

@@ -27,7 +27,7 @@ from mbridge_recompute.memory.shape import padded_vocab
 from conftest import ROOT, SCRIPTS, need_mirror
 
 sys.path.insert(0, str(ROOT / "tests" / "tools"))
-from gen_mlm_arguments import post_training_dir  # noqa: E402
+from gen_mlm_arguments import POST_TRAINING_TAG, post_training_dir  # noqa: E402
 
 SMALL = ["--num-layers", "8", "--hidden-size", "256", "--num-attention-heads", "4", "--seq-length", "512",
          "--max-position-embeddings", "512", "--micro-batch-size", "1"]
@@ -65,7 +65,7 @@ RELEASES = {"0.17.1": "0.17", "0.18.2": "0.18", "0.19.2": "0.19"}
 @pytest.fixture(scope="module")
 def real(tmp_path_factory) -> dict:
     """release -> case -> what Megatron-LM's own code made of it."""
-    need_mirror("Megatron-LM")
+    need_mirror("Megatron-LM", *(POST_TRAINING_TAG[r] for r in RELEASES))
     cases = tmp_path_factory.mktemp("cases") / "cases.json"
     cases.write_text(json.dumps({k: {"argv": v[0], "world_size": v[1]} for k, v in CASES.items()}))
     out = {}

@@ -53,7 +53,7 @@ def test_main_is_read_from_the_source_of_the_cards_main_commit():
 
     from mbridge_recompute.facts import releases
 
-    need_mirror("Megatron-LM")
+    need_mirror("Megatron-LM", releases.meta("main")["commit"])
     part = gen_upstream_fields.main_part(releases.meta("main")["commit"])["mcore"]["main"]
     assert part == upstream_fields.upstream()["mcore"]["main"]
 

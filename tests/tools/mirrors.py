@@ -21,14 +21,22 @@ MIRRORS = {"Megatron-LM": (MLM_MIRROR, MLM_URL, "MLM_MIRROR"),
            "Megatron Bridge": (BRIDGE_MIRROR, BRIDGE_URL, "BRIDGE_MIRROR")}
 
 
-def missing(name: str):
-    """None when the mirror `name` is there, else one line saying where it was looked for and
-    how to make it."""
+def missing(name: str, *revs: str):
+    """None when the mirror `name` is there and holds every revision in `revs`, else one line
+    saying where it was looked for, what it lacks and how to make it."""
+    import subprocess
+
     path, url, var = MIRRORS[name]
-    if (path / "HEAD").is_file() and (path / "objects").is_dir():
-        return None
-    return (f"needs the {name} git mirror at {path} (git clone --bare {url} {path}, or point "
-            f"{var} at one)")
+    if not ((path / "HEAD").is_file() and (path / "objects").is_dir()):
+        return (f"needs the {name} git mirror at {path} (git clone --bare {url} {path}, or point "
+                f"{var} at one)")
+    for rev in revs:
+        found = subprocess.run(["git", "--git-dir", str(path), "cat-file", "-e", f"{rev}^{{commit}}"],
+                               capture_output=True)
+        if found.returncode:
+            return (f"the {name} git mirror at {path} has no {rev} (git --git-dir {path} fetch "
+                    f"{url} '+refs/*:refs/*' --tags)")
+    return None
 
 
 if __name__ == "__main__":       # tests/run_all.sh: `python3 tests/tools/mirrors.py` lists them
