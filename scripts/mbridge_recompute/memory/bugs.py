@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
-from mbridge_recompute.memory.shape import Shape
+from mbridge_recompute.memory.shape import Shape, extra_value
 
 
 class Hit(NamedTuple):
@@ -18,15 +18,10 @@ class Hit(NamedTuple):
     sentence: str          # what the plan prints
 
 
-def _extra(w, key: str, default=None):
-    extra = w.extra_model if isinstance(w.extra_model, dict) else {}
-    value = extra.get(key)
-    return default if value is None else value
-
-
 def _unpermute_kept(w, sh: Shape, rank) -> float:
     """One set of unpermute intermediates per MoE layer under full recompute (issue 3221)."""
-    if w.recompute_granularity != "full" or not rank.moe_layers or _extra(w, "moe_permute_fusion", False):
+    if (w.recompute_granularity != "full" or not rank.moe_layers
+            or extra_value(w, "moe_permute_fusion", False)):
         return 0.0
     if sh.dispatcher not in ("alltoall", "allgather", "flex"):
         return 0.0

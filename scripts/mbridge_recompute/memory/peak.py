@@ -26,7 +26,7 @@ from mbridge_recompute.memory.graphs import graphed_kinds, graphed_layer_bytes, 
 from mbridge_recompute.memory.offload import in_force, offloaded_bytes, offloaded_components
 from mbridge_recompute.memory.recompute import chunk_groups, granularity_of, layout_of, modules_of
 from mbridge_recompute.memory.schedule import inflight_vectors
-from mbridge_recompute.memory.shape import Shape, shape_of
+from mbridge_recompute.memory.shape import Shape, extra_value, shape_of
 from mbridge_recompute.memory.static import (
     dummy_wgrad_bytes,
     optimizer_state_bytes,
@@ -387,7 +387,7 @@ def assumptions(w, sh: Shape, knobs: Knobs) -> list:
                       "megatron-bridge v0.6.0; --no-gradient-accumulation-fusion); "
                       "TransformerConfig's own default is off (model_parallel_config.py:168 @ "
                       "core_v0.16.1): set it false for a run that leaves it so."
-                      if _extra_unset(w, "gradient_accumulation_fusion") else ""))
+                      if extra_value(w, "gradient_accumulation_fusion") is None else ""))
     if not w.te_version:
         out.append("Transformer Engine is assumed >= 2.7, so set_save_original_input applies "
                    "where MCore uses it (fp8 recipes other than delayed, fp4).")
@@ -619,8 +619,3 @@ def per_layer(w, sh: Shape, mode: RecomputeMode) -> dict:
             "full_recompute_keeps": round(checkpoint_bytes(sh, mode.distribute)),
         }
     return out
-
-
-def _extra_unset(w, name: str) -> bool:
-    extra = w.extra_model if isinstance(w.extra_model, dict) else {}
-    return extra.get(name) is None

@@ -183,7 +183,9 @@ class Shape:
         return self.k * self.Tr * self.etp * factor
 
 
-def _extra(w, name, default):
+def extra_value(w, name, default=None):
+    """A TransformerConfig field the Workload keeps outside its own fields (`extra_model`), or
+    `default` when it is unset."""
     value = w.extra_model.get(name) if isinstance(w.extra_model, dict) else None
     return default if value is None else value
 
@@ -208,12 +210,12 @@ def shape_of(w, knobs) -> Shape:
     else:
         save_ok = fp8 and w.fp8_recipe != "delayed" and _te_at_least(w, "2.6.0.dev0")
     h = w.hidden_size
-    mamba_hd = int(_extra(w, "mamba_head_dim", 64))
-    mamba_heads = _extra(w, "mamba_num_heads", None) or (2 * h) // mamba_hd
-    nk = int(_extra(w, "linear_num_key_heads", 16))
-    nv = int(_extra(w, "linear_num_value_heads", 32))
-    dk = int(_extra(w, "linear_key_head_dim", 128))
-    dvv = int(_extra(w, "linear_value_head_dim", 128))
+    mamba_hd = int(extra_value(w, "mamba_head_dim", 64))
+    mamba_heads = extra_value(w, "mamba_num_heads", None) or (2 * h) // mamba_hd
+    nk = int(extra_value(w, "linear_num_key_heads", 16))
+    nv = int(extra_value(w, "linear_num_value_heads", 32))
+    dk = int(extra_value(w, "linear_key_head_dim", 128))
+    dvv = int(extra_value(w, "linear_value_head_dim", 128))
     lora = lora_of(w)
     return Shape(
         s=w.seq_length, b=w.micro_batch_size, c=w.context_parallel_size, t=t,
@@ -223,20 +225,20 @@ def shape_of(w, knobs) -> Shape:
         mla=bool(w.multi_latent_attention), q_lora=w.q_lora_rank, kv_lora=w.kv_lora_rank,
         dqk=w.qk_head_dim, dr=w.qk_pos_emb_head_dim, dv=w.v_head_dim,
         f=w.ffn, gated=bool(w.gated_linear_unit), act=w.activation_func,
-        bias_act_fusion=bool(_extra(w, "bias_activation_fusion", False)),
-        te_act_func=bool(_extra(w, "use_te_activation_func", False)),
-        fused_sq_relu=bool(_extra(w, "use_fused_weighted_squared_relu", False)),
+        bias_act_fusion=bool(extra_value(w, "bias_activation_fusion", False)),
+        te_act_func=bool(extra_value(w, "use_te_activation_func", False)),
+        fused_sq_relu=bool(extra_value(w, "use_fused_weighted_squared_relu", False)),
         act_fp8_store=bool(w.activation_func_fp8_input_store), add_bias=bool(w.add_bias_linear),
         E=w.num_moe_experts or 0, k=w.moe_router_topk,
         f_e=w.moe_ffn_hidden_size or w.ffn,
         f_s=w.moe_shared_expert_intermediate_size or 0,
-        shared_gate=bool(_extra(w, "moe_shared_expert_gate", False)),
+        shared_gate=bool(extra_value(w, "moe_shared_expert_gate", False)),
         grouped=bool(w.moe_grouped_gemm),
         ep=w.expert_model_parallel_size, etp=w.etp,
         capacity=w.moe_expert_capacity_factor, imbalance=float(knobs.moe_load_imbalance),
         mamba_heads=int(mamba_heads), mamba_head_dim=mamba_hd,
-        mamba_groups=int(_extra(w, "mamba_num_groups", 8)),
-        mamba_state=int(_extra(w, "mamba_state_dim", 128)),
+        mamba_groups=int(extra_value(w, "mamba_num_groups", 8)),
+        mamba_state=int(extra_value(w, "mamba_state_dim", 128)),
         gdn_qk=nk * dk, gdn_v=nv * dvv, gdn_nv=nv,
         te=w.transformer_impl == "transformer_engine", attn_core=attention_core(w), elt=elt, fp8=fp8,
         fp8_recipe=str(w.fp8_recipe), fp4=fp4, save_original_ok=bool(save_ok),
@@ -246,11 +248,11 @@ def shape_of(w, knobs) -> Shape:
         softmax_fusion=bool(w.masked_softmax_fusion), softmax_fp32=bool(w.attention_softmax_in_fp32),
         fused_single_qkv_rope=bool(w.fused_single_qkv_rope),
         vocab=padded_vocab(w), learned_pos=w.position_embedding_type == "learned_absolute",
-        deallocate_outputs=bool(_extra(w, "deallocate_pipeline_outputs", False)),
-        te_cross_entropy=bool(_extra(w, "cross_entropy_loss_fusion", False))
-        and _extra(w, "cross_entropy_fusion_impl", "native") == "te",
-        mamba_mem_eff=bool(_extra(w, "use_mamba_mem_eff_path", True)),
-        rope_fusion=bool(_extra(w, "apply_rope_fusion", False)),
+        deallocate_outputs=bool(extra_value(w, "deallocate_pipeline_outputs", False)),
+        te_cross_entropy=bool(extra_value(w, "cross_entropy_loss_fusion", False))
+        and extra_value(w, "cross_entropy_fusion_impl", "native") == "te",
+        mamba_mem_eff=bool(extra_value(w, "use_mamba_mem_eff_path", True)),
+        rope_fusion=bool(extra_value(w, "apply_rope_fusion", False)),
         dispatcher=w.moe_token_dispatcher_type,
         offload=frozenset(w.offload_modules or ()) if w.fine_grained_activation_offloading
         else frozenset(),
@@ -258,7 +260,7 @@ def shape_of(w, knobs) -> Shape:
         lora=lora,
         # unset: the fused path (Bridge's GPT / hybrid providers and Megatron-LM turn it on where
         # the fused kernel exists; data/coverage.yaml names `false` as not modelled)
-        wgrad_dummies=bool(_extra(w, "gradient_accumulation_fusion", True))
+        wgrad_dummies=bool(extra_value(w, "gradient_accumulation_fusion", True))
         and _te_at_least(w, "2.2.1") and lora is None
         and (not w.te_version or str(w.te_version).strip().lower() not in TE_ABSENT),
         grouped_dummies=_te_at_least(w, "2.10.0.dev0"),
