@@ -208,18 +208,7 @@ def run(args) -> int:
                    env=_env(args.env), name_prefix=args.name_prefix, python=args.python,
                    torchrun=args.torchrun, bridge_release=args.bridge_release, timeout=args.timeout,
                    grace=args.grace, force=args.force, parser_check=not args.no_parser_check)
-    from mbridge_recompute.placement import place
-
-    split = place(w, release)
-    if not split.ok:       # nothing to price, nothing to run: the layer placement comes first
-        raise Rejected("WORKLOAD", "megatron-core rejects this pipeline split ("
-                                   + ", ".join(p.cid for p in split.problems) + "); fix the layer "
-                                   "placement first (check_config.py says how)")
-    tuner = Tuner(opts, progress=_progress)
-    refused = tuner.plan0.workload_findings
-    if refused:       # no run of this workload can start: say so before any GPU time
-        raise Rejected("WORKLOAD", f"rejected under every recompute setting ({refused[0]['id']}: "
-                                   f"{refused[0]['message']}); fix it first (check_config.py says how)")
+    tuner = Tuner(opts, progress=_progress)     # Rejected: no run of this workload can start
     path = root / store.FILE
     if path.exists():
         st = store.load(path, "--out")

@@ -62,6 +62,17 @@ class Options:
     parser_check: bool = True
 
 
+def _refuse_unrunnable(report) -> None:
+    """Rejected, before any GPU time, for a workload no run can start: a pipeline split
+    megatron-core rejects (nothing to price), or errors under every recompute setting."""
+    if report.estimate is None:
+        raise Rejected("WORKLOAD", f"{report.diagnosis} (check_config.py says how)")
+    if report.workload_findings:
+        f = report.workload_findings[0]
+        raise Rejected("WORKLOAD", f"rejected under every recompute setting ({f['id']}: "
+                                   f"{f['message']}); fix it first (check_config.py says how)")
+
+
 class Tuner:
     def __init__(self, opts: Options, progress: Callable[[str], None]):
         from mbridge_recompute.plan.budget import gb_to_bytes
@@ -72,9 +83,10 @@ class Tuner:
         self.progress = progress
         self.w = opts.w
         self.version = opts.release.key
+        self.plan0 = plan(self.w, budget_gb=opts.budget_gb, version=opts.release)
+        _refuse_unrunnable(self.plan0)
         self.pricer = Pricer(self.w, self.version)
         self.models = Models(self.pricer)
-        self.plan0 = plan(self.w, budget_gb=opts.budget_gb, version=opts.release)
         self.budget = self.plan0.budget_bytes
         self.need = None if opts.free_gb is None else gb_to_bytes(opts.free_gb, "--free-gb")
         self.current = RecomputeSetting.from_workload(self.w)
