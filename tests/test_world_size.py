@@ -149,3 +149,17 @@ def test_fsdp_in_a_dump_is_named_first_as_not_modelled(tmp_path):
     w = _load(tmp_path, text.replace("  use_megatron_fsdp: false\n", "  use_megatron_fsdp: true\n", 1))
     assert any(n.startswith("FSDP (ddp.use_megatron_fsdp, sharding ") and "not modelled" in n
                for n in w.input_notes)
+
+
+def test_an_assumed_world_size_with_a_rejected_split_is_refused_without_a_traceback(tmp_path):
+    """No GPU count and 81 layers on PP 4: the what-more-replicas-change sentence cannot be
+    priced, so it is left out, and the plan is the refusal of the split (exit 1)."""
+    from conftest import EXAMPLES, run_script
+
+    text = (EXAMPLES / "llama3_70b_fp8.yaml").read_text()
+    path = tmp_path / "no_gpus.yaml"
+    path.write_text("\n".join(ln for ln in text.splitlines() if "num_gpus" not in ln) + "\n")
+    p = run_script("plan", path, "--set", "model.num_layers=81")
+    assert p.returncode == 1 and "Traceback" not in p.stderr, p.stderr[-1500:]
+    assert p.stdout.startswith("REJECTED") and "pp-does-not-divide-layers" in p.stdout
+    assert "world size: 16 GPUs assumed" in " ".join(p.stdout.split())

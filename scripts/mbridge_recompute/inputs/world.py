@@ -213,9 +213,12 @@ def more_replicas(w) -> Optional[str]:
     if gbs is not None and gbs % (w.micro_batch_size * 2 * dp):
         return (f"with {2 * w.num_gpus} GPUs the global batch {gbs} would not split over {2 * dp} "
                 f"data-parallel replicas of micro-batch {w.micro_batch_size}")
-    from mbridge_recompute import memory
+    from mbridge_recompute.memory.coverage import estimate_or_none
 
-    now, twice = memory.estimate(w).hottest, memory.estimate(w.replace(num_gpus=2 * w.num_gpus)).hottest
+    both = [estimate_or_none(x) for x in (w, w.replace(num_gpus=2 * w.num_gpus))]
+    if None in both:
+        return None          # a layout the model cannot place (a rejected split): the plan says why
+    now, twice = (e.hottest for e in both)
     return (f"with {2 * w.num_gpus} GPUs (data-parallel {2 * dp}) the hottest rank would hold static "
             f"{now.static_bytes / 1e9:.2f} -> {twice.static_bytes / 1e9:.2f} GB and peak "
             f"{now.peak_bytes / 1e9:.2f} -> {twice.peak_bytes / 1e9:.2f} GB under the current setting")

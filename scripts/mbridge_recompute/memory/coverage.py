@@ -227,7 +227,7 @@ def _sized(w, estimate, found: list) -> list:
     """Each found setting with what its bound comes to on `w` (bound 0 needs no estimate)."""
     exprs = [e.get("bound", bounds.UNKNOWN) for _, _, e in found]
     if estimate is None and any(x not in (0, bounds.UNKNOWN) for x in exprs):
-        estimate = _estimate(w)
+        estimate = estimate_or_none(w)
     values = bounds.figures(w, estimate) if estimate is not None else None
     out = []
     for (key, value, entry), expr in zip(found, exprs):
@@ -236,7 +236,7 @@ def _sized(w, estimate, found: list) -> list:
     return out
 
 
-def _estimate(w):
+def estimate_or_none(w):
     """The current setting's estimate, or None where the memory model cannot lay `w` out."""
     from mbridge_recompute import memory
     from mbridge_recompute.errors import InputError
