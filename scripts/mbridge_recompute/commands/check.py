@@ -136,24 +136,17 @@ def _input_findings(w, report: dict) -> list:
             "pass --mcore-version for the release the job runs (a megatron-bridge "
             f"{fields.bridge_release()} dump: {releases.bridge_pin_facts(fields.bridge_release())})",
             "data/upstream_fields.json", "input"))
-    from mbridge_recompute.memory import coverage
+    from mbridge_recompute.memory import bounds, coverage
 
     named = coverage.unmodelled(w)       # only what can change memory, largest possible effect first
     if named:
         out.append(_finding(
             "input-not-modelled", "info",
             "read but not modelled (they can change memory; plan does not account for them): "
-            + "; ".join(f"{u.setting} ({bounds_words(u)})" for u in named),
+            + "; ".join(f"{u.setting} ({bounds.up_to(u.effect_bytes)})" for u in named),
             "measure with the harness (run_harness.py --launch) before trusting the predicted peak",
             "data/coverage.yaml", "input"))
     return out
-
-
-def bounds_words(u) -> str:
-    """`up to 12.40 GB` (its bound on this workload, memory/bounds.py) or `effect not sized`."""
-    from mbridge_recompute.units import GB
-
-    return "effect not sized" if u.effect_bytes is None else f"up to {u.effect_bytes / GB:.2f} GB"
 
 
 def _fields_of_other_releases(w, key: str) -> list:

@@ -93,8 +93,13 @@ def evaluate(expr, values: dict, own=None) -> Optional[float]:
     return total
 
 
+def up_to(nbytes: Optional[float]) -> str:
+    """`up to 12.40 GB`, or `effect not sized` without a bound."""
+    return "effect not sized" if nbytes is None else f"up to {nbytes / GB:.2f} GB"
+
+
 def words(expr, nbytes: Optional[float]) -> str:
     """The bound as a sentence says it: `bound: up to 12.40 GB = optimizer + grads`."""
     if nbytes is None:
-        return "effect not sized"
-    return f"bound: up to {nbytes / GB:.2f} GB = {expr}"
+        return up_to(None)
+    return f"bound: {up_to(nbytes)} = {expr}"

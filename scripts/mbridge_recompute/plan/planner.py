@@ -13,6 +13,7 @@
 
 from __future__ import annotations
 
+from mbridge_recompute.memory import band
 from mbridge_recompute.placement import place
 from mbridge_recompute.plan import calibration as calib
 from mbridge_recompute.plan import invariants, question, sentences
@@ -199,10 +200,10 @@ def _bug_warnings(report) -> list:
     best: dict = {}
     for b in report.bands or []:
         for t in b.terms:
-            if t.name.startswith("known bug ") and t.upper > best.get(t.name, (0, ""))[0]:
+            if t.name.startswith(band.BUG_TERM) and t.upper > best.get(t.name, (0, ""))[0]:
                 best[t.name] = (t.upper, t.why)
     return [{"id": "known-memory-bug", "severity": "warning", "kind": "model-coverage",
-             "message": why, "field": name[len("known bug "):], "value": "",
+             "message": why, "field": name[len(band.BUG_TERM):], "value": "",
              "fix": "widened in the error band; a run of this setting measures it",
              "source": "card", "citation": "", "upstream_message": ""}
             for name, (_, why) in best.items()]
